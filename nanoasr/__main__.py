@@ -1,0 +1,3 @@
+from nanoasr.cli import main
+
+raise SystemExit(main())

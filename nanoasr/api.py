@@ -1,0 +1,215 @@
+"""Model: load a checkpoint, transcribe(path | bytes | file | array) -> Transcript. No math here.
+
+Calls are serialised by a lock, so one Model may be shared by several threads.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from nanoasr import backend as backend_mod
+from nanoasr.errors import OptionError
+from nanoasr.model import adaptor, decoder, encoder, generate, prompt
+from nanoasr.model.tokenizer import Tokenizer
+from nanoasr.model.weights import Checkpoint, expected_tensors, load_checkpoint
+from nanoasr.tensor import widen
+from nanoasr.transcript import Segment, Transcript
+
+REFERENCES = ("funasr", "transformers")
+FUNASR_ADAPTOR_EPS = 1e-12  # the authors' adaptor LayerNorm eps (DESIGN §2)
+MAX_SEGMENT_S = 30.0
+BATCH_SIZE = 8  # segments decoded together
+
+
+@dataclass(frozen=True)
+class Options:
+    language: str | None = None
+    itn: bool = True
+    hotwords: tuple[str, ...] = ()
+    context: str | None = None
+    reference: str = "funasr"
+    max_new_tokens: int | None = None
+    ignore_stop: bool = False  # decode exactly the budget (reference comparisons and benchmarks)
+
+    def __post_init__(self):
+        if self.reference not in REFERENCES:
+            raise OptionError(f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}")
+        if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= generate.MAX_NEW_TOKENS:
+            raise OptionError(f"max_new_tokens must be between 1 and {generate.MAX_NEW_TOKENS}; "
+                              f"got {self.max_new_tokens}")
+        prompt.instruction(self.language, self.itn, self.hotwords, self.context)  # validates language, hotwords
+
+    def prompt_options(self) -> dict:
+        return dict(language=self.language, itn=self.itn, hotwords=self.hotwords, context=self.context)
+
+
+class Timer:
+    def __init__(self):
+        self.ms: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str):
+        start = time.perf_counter()
+        yield
+        self.ms[name] = self.ms.get(name, 0.0) + (time.perf_counter() - start) * 1e3
+
+
+def _runtime_weights(checkpoint: Checkpoint, xp) -> dict:
+    """Vectors and kernels widened once to float32; matrices stay in their stored type."""
+    kinds = {name: kind for name, (_, kind) in expected_tensors(checkpoint.config).items()}
+    out = {}
+    for name, t in checkpoint.tensors.items():
+        if kinds.get(name, "matrix") != "matrix" or t.dtype == "f32":
+            out[name] = xp.asarray(widen(t))
+        else:
+            out[name] = t
+    return out
+
+
+class Model:
+    def __init__(self, checkpoint: Checkpoint, device: str = "cpu", threads: int | None = None):
+        self.checkpoint = checkpoint
+        self.config = checkpoint.config
+        self.backend = backend_mod.resolve(device)
+        self.threads = threads
+        self.tokenizer = Tokenizer(checkpoint.files["tokenizer.json"], self.config.audio_token_id,
+                                   checkpoint.source.get("path", "tokenizer.json"))
+        self.weights = _runtime_weights(checkpoint, self.backend.xp)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, model=None, device: str = "cpu", threads: int | None = None, **resolve_options) -> "Model":
+        """`model`: a checkpoint directory or .gguf path, a hub id `org/repo[@rev]`, or a package name."""
+        from nanoasr import hub
+
+        resolved = hub.resolve(model, **resolve_options)
+        checkpoint = load_checkpoint(resolved.path)
+        source = dict(checkpoint.source, repo=resolved.repo, revision=resolved.revision)
+        if resolved.package is not None:
+            source.update(license=resolved.package.license, package=resolved.package.name)
+        return cls(Checkpoint(checkpoint.config, checkpoint.tensors, checkpoint.files, source), device, threads)
+
+    # --- stages (also used by the parity tests) -------------------------------------------------------
+
+    def features(self, waves, reference: str):  # list of [N_b] -> feats [B, T, 560], mask [B, T]
+        from nanoasr.audio.fbank import features
+
+        per_item = [features(w, reference)[0] for w in waves]
+        t_max = max(f.shape[0] for f in per_item)
+        feats = np.zeros((len(per_item), t_max, per_item[0].shape[1]), np.float32)
+        mask = np.zeros((len(per_item), t_max), bool)
+        for b, f in enumerate(per_item):
+            feats[b, :len(f)], mask[b, :len(f)] = f, True
+        xp = self.backend.xp
+        return xp.asarray(feats), xp.asarray(mask)
+
+    def encode(self, feats, mask, taps=None):  # [B, T, 560] -> [B, T, 512]
+        return encoder.encode(feats, mask, self.weights, self.config.audio, taps)
+
+    def adapt(self, enc, mask, reference: str, taps=None):  # [B, T, 512] -> [B, T, 1024]
+        eps = FUNASR_ADAPTOR_EPS if reference == "funasr" else self.config.adaptor.layer_norm_eps
+        return adaptor.adapt(enc, mask, self.weights, self.config.adaptor, eps, taps)
+
+    def prompt_embeds(self, audio_rows, options: Options):  # [n, H] -> ([L, H], ids [L])
+        ids, start = prompt.prompt_ids(self.tokenizer, len(audio_rows), **options.prompt_options())
+        embeds = decoder.embed(ids, self.weights)
+        embeds[start:start + len(audio_rows)] = audio_rows
+        return embeds, ids
+
+    # --- transcription --------------------------------------------------------------------------------
+
+    def _decode_segments(self, waves, options: Options, timer: Timer) -> list[generate.Generation]:
+        """Generations for a batch of segment waveforms (<= 30 s each)."""
+        with timer.stage("frontend"):
+            feats, mask = self.features(waves, options.reference)
+        with timer.stage("encoder"):
+            enc = self.encode(feats, mask)
+        with timer.stage("adaptor"):
+            audio = self.adapt(enc, mask, options.reference)
+        lengths = backend_mod.to_numpy(mask.sum(axis=1)).tolist()
+        embeds, budgets = [], []
+        for b, n_frames in enumerate(lengths):
+            n = prompt.n_audio_tokens(int(n_frames), options.reference)
+            embeds.append(self.prompt_embeds(audio[b, :n], options)[0])
+            seconds = len(waves[b]) / 16000
+            budgets.append(options.max_new_tokens or generate.token_budget(seconds))
+        prefill_start = time.perf_counter()
+
+        def prefill_done():
+            timer.ms["prefill"] = timer.ms.get("prefill", 0.0) + (time.perf_counter() - prefill_start) * 1e3
+
+        with timer.stage("generate"):
+            out = generate.generate(embeds, budgets, self.weights, self.config.text, self.tokenizer.stop_ids,
+                                    options.ignore_stop, prefill_done)
+        timer.ms["decode"] = timer.ms.pop("generate") - timer.ms["prefill"]
+        return out
+
+    def transcribe(self, audio, *, sample_rate: int | None = None, language: str | None = None, itn: bool = True,
+                   hotwords=(), context: str | None = None, reference: str = "funasr",
+                   max_new_tokens: int | None = None, ignore_stop: bool = False) -> Transcript:
+        """Transcribe a path, encoded bytes, a binary file object, or an array (with `sample_rate`)."""
+        options = Options(language, itn, tuple(hotwords), context, reference, max_new_tokens, ignore_stop)
+        return self._transcribe(audio, sample_rate, options)
+
+    def transcribe_batch(self, inputs, **kwargs) -> list[Transcript]:
+        """Transcribe several inputs with the same options, in order."""
+        return [self.transcribe(x, **kwargs) for x in inputs]
+
+    def _transcribe(self, audio, sample_rate, options: Options) -> Transcript:
+        from nanoasr.audio.io import SAMPLE_RATE, load_audio
+        from nanoasr.audio.segment import split
+
+        start = time.perf_counter()
+        timer = Timer()
+        with self._lock, self._threads():
+            with timer.stage("load_audio"):
+                wave = load_audio(audio, sample_rate)
+            duration = len(wave) / SAMPLE_RATE
+            if duration <= MAX_SEGMENT_S:
+                spans = [(0, len(wave))] if split(wave, MAX_SEGMENT_S) else []
+            else:
+                spans = [(s.start, s.end) for s in split(wave, MAX_SEGMENT_S)]
+            segments = []
+            for i in range(0, len(spans), BATCH_SIZE):
+                batch = spans[i:i + BATCH_SIZE]
+                gens = self._decode_segments([wave[a:b] for a, b in batch], options, timer)
+                for (a, b), g in zip(batch, gens):
+                    segments.append(Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, self.tokenizer.decode(g.ids),
+                                            g.finish_reason, tuple(g.ids)))
+        timer.ms["total"] = (time.perf_counter() - start) * 1e3
+        code = prompt.language_code(options.language)
+        return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, duration, timer.ms)
+
+    @contextmanager
+    def _threads(self):
+        if self.threads is None:
+            yield
+            return
+        import numba
+        from threadpoolctl import threadpool_limits
+
+        previous = numba.get_num_threads()
+        numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
+        try:
+            with threadpool_limits(limits=self.threads):
+                yield
+        finally:
+            numba.set_num_threads(previous)
+
+
+def join_texts(texts) -> str:
+    """Segment texts in order; a space only between two ASCII letters/digits (Chinese joins directly)."""
+    out = ""
+    for text in (t.strip() for t in texts):
+        if not text:
+            continue
+        if out and out[-1].isascii() and out[-1].isalnum() and text[0].isascii() and text[0].isalnum():
+            out += " "
+        elif out and out[-1] in ".,!?;:" and text[0].isascii() and text[0].isalnum():
+            out += " "
+        out += text
+    return out

@@ -1,0 +1,96 @@
+"""Greedy generation for a batch of prompts: prefill each into its cache row, then advance every unfinished
+row by one token per step (one pass over the weights for the whole batch). Finished rows are swapped to
+the end so the active rows stay a contiguous prefix of the cache.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from nanoasr.backend import array_module, to_numpy
+from nanoasr.model import decoder
+from nanoasr.model.config import TextConfig
+from nanoasr.model.decoder import KVCache
+
+MAX_NEW_TOKENS = 512  # hard cap per segment
+# A loop is the tail repeating a pattern of `period` tokens at least max(MIN_REPEATS, LOOP_TOKENS / period) times.
+MAX_PERIOD, MIN_REPEATS, LOOP_TOKENS = 50, 3, 32
+
+
+def token_budget(duration_s: float) -> int:
+    """Tokens allowed for a segment: generous for fast speech (about 12 per second), never past the cap."""
+    return min(MAX_NEW_TOKENS, 32 + 12 * math.ceil(max(duration_s, 0.0)))
+
+
+def loop_start(ids: list[int]) -> int | None:
+    """Where a repetition loop's second copy starts in `ids`, or None when the tail does not loop."""
+    for period in range(1, MAX_PERIOD + 1):
+        repeats = max(MIN_REPEATS, math.ceil(LOOP_TOKENS / period))
+        span = period * repeats
+        if len(ids) < span:
+            continue
+        tail = ids[-span:]
+        if tail[period:] == tail[:-period]:
+            start = len(ids) - span  # extend back over earlier copies of the same pattern
+            while start >= period and ids[start - period:start] == ids[start:start + period]:
+                start -= period
+            return start + period
+    return None
+
+
+@dataclass
+class Generation:
+    ids: list[int]
+    finish_reason: str  # "stop" | "length" | "repetition"
+
+
+def _finish(ids: list[int], budget: int, stop_ids, ignore_stop: bool) -> Generation | None:
+    if not ignore_stop and ids[-1] in stop_ids:
+        return Generation(ids[:-1], "stop")
+    if len(ids) >= budget:
+        return Generation(ids, "length")
+    if not ignore_stop:
+        cut = loop_start(ids)
+        if cut is not None:
+            return Generation(ids[:cut], "repetition")
+    return None
+
+
+def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, on_prefill=None):
+    """embeds: list of [L_b, H] prompt embeddings; budgets: new tokens allowed each -> list[Generation].
+
+    `ignore_stop` decodes exactly `budget` tokens (reference comparisons, benchmarks).
+    """
+    xp = array_module(embeds[0])
+    n = len(embeds)
+    cache = KVCache(cfg, n, max(len(e) + b for e, b in zip(embeds, budgets)), xp)
+    item_of_row = list(range(n))
+    tokens = []
+    for b, e in enumerate(embeds):
+        hidden = decoder.forward(e[None], w, cfg, cache, slice(b, b + 1), [0])
+        tokens.append([int(xp.argmax(decoder.logits(hidden, w)[0]))])
+    if on_prefill is not None:
+        on_prefill()
+    results: list[Generation | None] = [None] * n
+    active = n
+    while True:
+        row = 0
+        while row < active:  # retire finished rows by swapping them behind the active prefix
+            item = item_of_row[row]
+            done = _finish(tokens[item], budgets[item], stop_ids, ignore_stop)
+            if done is None:
+                row += 1
+                continue
+            results[item] = done
+            active -= 1
+            if row != active:
+                cache.swap(row, active)
+                item_of_row[row], item_of_row[active] = item_of_row[active], item_of_row[row]
+        if active == 0:
+            return results
+        last = [tokens[item_of_row[r]][-1] for r in range(active)]
+        x = decoder.embed(last, w)[:, None, :]  # [B, 1, H]
+        hidden = decoder.forward(x, w, cfg, cache, slice(0, active), cache.lengths[:active].copy())
+        next_ids = xp.argmax(decoder.logits(hidden, w), axis=-1)
+        for r, t in enumerate(to_numpy(next_ids).tolist()):
+            tokens[item_of_row[r]].append(int(t))

@@ -1,0 +1,68 @@
+"""The transcription prompt (DESIGN §3): chat template text around n audio placeholder tokens.
+
+The text pieces before and after the audio slot are tokenized separately, as the reference does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from nanoasr.errors import OptionError
+
+SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"
+CONTEXT_HEADER = "请结合上下文信息，更加准确地完成语音转写任务。如果没有相关信息，我们会留空。\n\n\n**上下文信息：**\n\n\n"
+NO_ITN = "，不进行文本规整"
+MAX_HOTWORDS = 100  # many hotwords make looping output likely; past this it is a mistake, not a vocabulary
+
+# The checkpoint knows the languages by their Chinese names; users give ISO codes or names.
+LANGUAGE_NAMES = {"zh": "中文", "en": "英文", "ja": "日文"}
+LANGUAGE_ALIASES = {
+    "zh": "zh", "chinese": "zh", "mandarin": "zh", "中文": "zh",
+    "en": "en", "english": "en", "英文": "en",
+    "ja": "ja", "japanese": "ja", "日文": "ja",
+}
+
+
+def language_code(language: str | None) -> str | None:
+    """ISO code for a language given as code, English or Chinese name; None for automatic."""
+    if language is None or language.strip().lower() in ("", "auto"):
+        return None
+    code = LANGUAGE_ALIASES.get(language.strip().lower())
+    if code is None:
+        accepted = ", ".join(sorted(LANGUAGE_ALIASES)) + ", auto"
+        raise OptionError(f"unknown language {language!r}; accepted: {accepted}")
+    return code
+
+
+def instruction(language=None, itn=True, hotwords=(), context=None) -> str:
+    """The user instruction before the audio: [context block] + 语音转写[成X][，不进行文本规整]："""
+    hotwords = [h.strip() for h in hotwords if h and h.strip()]
+    if len(hotwords) > MAX_HOTWORDS:
+        raise OptionError(f"at most {MAX_HOTWORDS} hotwords are accepted; got {len(hotwords)}")
+    text = ""
+    if hotwords or context:
+        text = CONTEXT_HEADER
+        if context:
+            text += context.strip() + "\n"
+        if hotwords:
+            text += "热词列表：[" + ", ".join(hotwords) + "]\n"
+    code = language_code(language)
+    text += "语音转写" + (f"成{LANGUAGE_NAMES[code]}" if code else "")
+    return text + ("" if itn else NO_ITN) + "："
+
+
+def prompt_ids(tokenizer, n_audio: int, **options) -> tuple[np.ndarray, int]:
+    """(ids [L] int64 with n_audio placeholders, index of the first placeholder)."""
+    before = tokenizer.encode(SYSTEM + instruction(**options))
+    after = tokenizer.encode(SUFFIX)
+    ids = np.array(before + [tokenizer.audio] * n_audio + after, dtype=np.int64)
+    return ids, len(before)
+
+
+def n_audio_tokens(n_frames: int, reference: str) -> int:
+    """Audio rows given to the decoder: FunASR keeps fake_token_len(T) of them, Transformers all T."""
+    if reference == "transformers":
+        return n_frames
+    o = 1 + (n_frames - 1) // 2
+    o = 1 + (o - 1) // 2
+    return (o - 1) // 2 + 1

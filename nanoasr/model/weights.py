@@ -1,0 +1,249 @@
+"""Checkpoints: read weights in their stored type, map every published layout onto the logical names,
+validate names, shapes and types against model_specs/fun_asr_nano.json before any math.
+
+Logical names are the Transformers 5.23 state-dict names (DESIGN §4). Also read: older Hub revisions
+(`stem`, `layers`, `timestamp_prediction_layers`, `self_attn_layer_norm`, ...) and the original FunASR
+names (`audio_encoder.encoders0.0...`, fused `linear_q_k_v`, `audio_adaptor.blocks...`, `llm.model...`).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from nanoasr.errors import ModelError
+from nanoasr.formats import safetensors
+from nanoasr.model import config as config_mod
+from nanoasr.model.config import Config
+from nanoasr.tensor import DENSE_TYPES, StoredTensor
+
+TEXT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+              "processor_config.json", "generation_config.json")
+IGNORED = re.compile(r"^(ctc\.|ctc_decoder\.|.*rotary_emb\.inv_freq$)")  # no role in transcription
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    config: Config
+    tensors: dict[str, StoredTensor]  # logical name -> weight in its stored type
+    files: dict[str, str] = field(default_factory=dict)  # verbatim config/tokenizer/template texts
+    source: dict = field(default_factory=dict)  # path, format, repo, revision, license
+
+
+@lru_cache(maxsize=1)
+def spec() -> dict:
+    return json.loads(resources.files("nanoasr").joinpath("model_specs/fun_asr_nano.json").read_text("utf-8"))
+
+
+def _layer_set(key: str, config: Config) -> list[int]:
+    a = config.audio
+    sets = {
+        "audio.first": [0],
+        "audio.rest": list(range(1, a.num_hidden_layers)),
+        "audio.all": list(range(a.num_hidden_layers)),
+        "audio.final_norm": list(a.final_norm_layers),
+        "adaptor.all": list(range(config.adaptor.num_hidden_layers)),
+        "text.all": list(range(config.text.num_hidden_layers)),
+    }
+    return sets[key]
+
+
+def _dim(expr, config: Config) -> int:
+    if isinstance(expr, int):
+        return expr
+    value = 1
+    for factor in expr.split("*"):
+        section, name = factor.split(".")
+        value *= getattr(getattr(config, section), name)
+    return value
+
+
+def expected_tensors(config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
+    """logical name -> (shape, kind) for this config, from the spec table."""
+    out = {}
+    for entry in spec()["tensors"]:
+        shape = tuple(_dim(d, config) for d in entry["shape"])
+        layers = _layer_set(entry["layers"], config) if "layers" in entry else [None]
+        for i in layers:
+            out[entry["name"].replace("{i}", str(i))] = (shape, entry["kind"])
+    return out
+
+
+def validate(tensors: dict[str, StoredTensor], config: Config, where: str) -> None:
+    expected = expected_tensors(config)
+    missing = [n for n in expected if n not in tensors]
+    if missing:
+        raise ModelError(f"{where}: {len(missing)} tensor(s) missing, first {missing[0]} "
+                         f"(expected shape {list(expected[missing[0]][0])})")
+    unknown = [n for n in tensors if n not in expected and n not in spec()["optional_tensors"]]
+    if unknown:
+        raise ModelError(f"{where}: unexpected tensor {unknown[0]} (shape {list(tensors[unknown[0]].shape)}); "
+                         f"{len(unknown)} tensor(s) not in the Fun-ASR-Nano layout")
+    for name, (shape, kind) in expected.items():
+        t = tensors[name]
+        if tuple(t.shape) != shape:
+            raise ModelError(f"{where}: tensor {name}: expected shape {list(shape)}, found {list(t.shape)}")
+        if kind != "matrix" and t.dtype not in DENSE_TYPES:
+            raise ModelError(f"{where}: tensor {name}: expected a float type (F32/F16/BF16), found {t.dtype}")
+    lm_head = tensors.get("lm_head.weight")
+    if lm_head is not None and tuple(lm_head.shape) != expected["model.language_model.embed_tokens.weight"][0]:
+        raise ModelError(f"{where}: tensor lm_head.weight: expected the embedding's shape, found {list(lm_head.shape)}")
+
+
+# --- other published layouts -> logical names ---------------------------------------------------------
+
+_SUBLAYER_FUNASR = [
+    (".self_attn.linear_out.", ".self_attn.o_proj."), (".self_attn.fsmn_block.", ".self_attn.fsmn.conv."),
+    (".self_attn.linear_q.", ".self_attn.q_proj."), (".self_attn.linear_k.", ".self_attn.k_proj."),
+    (".self_attn.linear_v.", ".self_attn.v_proj."),
+    (".feed_forward.w_1.", ".mlp.fc1."), (".feed_forward.w_2.", ".mlp.fc2."),
+    (".norm1.", ".input_layernorm."), (".norm2.", ".post_attention_layernorm."),
+]
+_SUBLAYER_OLD_HF = [
+    (".self_attn_layer_norm.", ".input_layernorm."), (".final_layer_norm.", ".post_attention_layernorm."),
+    (".self_attn.out_proj.", ".self_attn.o_proj."), (".fc1.", ".mlp.fc1."), (".fc2.", ".mlp.fc2."),
+]
+
+
+def _replace_all(name: str, pairs) -> str:
+    for old, new in pairs:
+        name = name.replace(old, new)
+    return name
+
+
+def _audio_layer(group: str, index: int, config: Config) -> int:
+    n_transcription = config.audio.num_hidden_layers - config.audio.num_timestamp_prediction_layers
+    return {"first": 0, "main": index + 1, "tp": index + n_transcription}[group]
+
+
+def _map_funasr(name: str, config: Config) -> str:
+    last_main, last = config.audio.final_norm_layers
+    if name.startswith("llm.model."):
+        return "model.language_model." + name[len("llm.model."):]
+    if name.startswith("llm.lm_head."):
+        return "lm_head." + name[len("llm.lm_head."):]
+    m = re.match(r"audio_encoder\.(encoders0|encoders|tp_encoders)\.(\d+)(\..+)$", name)
+    if m:
+        group = {"encoders0": "first", "encoders": "main", "tp_encoders": "tp"}[m.group(1)]
+        layer = _audio_layer(group, int(m.group(2)), config)
+        return f"model.audio_tower.layers.{layer}" + _replace_all(m.group(3), _SUBLAYER_FUNASR)
+    m = re.match(r"audio_encoder\.(after_norm|tp_norm)\.(weight|bias)$", name)
+    if m:
+        layer = last_main if m.group(1) == "after_norm" else last
+        return f"model.audio_tower.layers.{layer}.final_layernorm.{m.group(2)}"
+    m = re.match(r"audio_adaptor\.linear([12])\.(.+)$", name)
+    if m:
+        return f"model.multi_modal_projector.linear_{m.group(1)}.{m.group(2)}"
+    m = re.match(r"audio_adaptor\.blocks\.(\d+)(\..+)$", name)
+    if m:
+        return f"model.multi_modal_projector.layers.{m.group(1)}" + _replace_all(m.group(2), _SUBLAYER_FUNASR)
+    return name
+
+
+def _map_old_hf(name: str, config: Config) -> str:
+    last_main, last = config.audio.final_norm_layers
+    name = name.replace("model.audio_adaptor.", "model.multi_modal_projector.")
+    name = name.replace("model.multi_modal_projector.blocks.", "model.multi_modal_projector.layers.")
+    m = re.match(r"model\.audio_tower\.(stem|layers|timestamp_prediction_layers)(?:\.(\d+))?(\..+)$", name)
+    if m and not (m.group(1) == "layers" and m.group(2) is None):
+        group = {"stem": "first", "layers": "main", "timestamp_prediction_layers": "tp"}[m.group(1)]
+        layer = _audio_layer(group, int(m.group(2) or 0), config)
+        tail = _replace_all(m.group(3), _SUBLAYER_OLD_HF).replace(".fsmn.", ".self_attn.fsmn.")
+        return f"model.audio_tower.layers.{layer}" + tail.replace(".self_attn.self_attn.", ".self_attn.")
+    m = re.match(r"model\.audio_tower\.(layer_norm|timestamp_prediction_layer_norm)\.(weight|bias)$", name)
+    if m:
+        layer = last_main if m.group(1) == "layer_norm" else last
+        return f"model.audio_tower.layers.{layer}.final_layernorm.{m.group(2)}"
+    if name.startswith("model.multi_modal_projector.layers."):
+        return _replace_all(name, _SUBLAYER_OLD_HF)
+    return name
+
+
+def _is_old_hf(names) -> bool:
+    markers = (".stem.", ".timestamp_prediction_layers.", ".self_attn_layer_norm.", ".audio_adaptor.",
+               "model.audio_tower.layer_norm.", ".multi_modal_projector.blocks.")
+    return any(marker in n for n in names for marker in markers)
+
+
+def _split_fused_qkv(name: str, t: StoredTensor) -> dict[str, StoredTensor]:
+    """FunASR's linear_q_k_v [3D, in] (and bias [3D]) -> q_proj, k_proj, v_proj rows (views, no copy)."""
+    if t.dtype not in DENSE_TYPES or t.shape[0] % 3:
+        raise ModelError(f"tensor {name}: a fused q/k/v needs a float tensor with 3*D rows, found {t.dtype} "
+                         f"{list(t.shape)}")
+    d = t.shape[0] // 3
+    out = {}
+    for i, part in enumerate(("q_proj", "k_proj", "v_proj")):
+        data = t.data[i * d:(i + 1) * d]
+        out[name.replace("linear_q_k_v", part)] = StoredTensor(data, t.dtype, (d, *t.shape[1:]))
+    return out
+
+
+def to_logical(tensors: dict[str, StoredTensor], config: Config) -> dict[str, StoredTensor]:
+    """Rename a checkpoint's tensors onto the logical layout; drops tensors that play no part in transcription."""
+    names = list(tensors)
+    if any(n.startswith(("audio_encoder.", "audio_adaptor.", "llm.")) for n in names):
+        mapper = _map_funasr
+    elif _is_old_hf(names):
+        mapper = _map_old_hf
+    else:
+        mapper = None
+    out = {}
+    for name, t in tensors.items():
+        if IGNORED.match(name):
+            continue
+        logical = mapper(name, config) if mapper else name
+        if "linear_q_k_v" in logical:
+            out.update(_split_fused_qkv(logical, t))
+        else:
+            out[logical] = t
+    return out
+
+
+def _legacy_config(raw: dict) -> dict:
+    """The first Hub revision's `encoder_config` spelled as the nested audio_config (same meaning)."""
+    enc = raw.get("encoder_config")
+    if not isinstance(enc, dict) or "audio_config" in raw:
+        return raw
+    renamed = {"d_model": "hidden_size", "encoder_attention_heads": "num_attention_heads",
+               "encoder_ffn_dim": "intermediate_size", "kernel_size": "fsmn_kernel_size"}
+    audio = {renamed.get(k, k): v for k, v in enc.items()}
+    if "encoder_layers" in enc:  # transcription layers; the timestamp layers come on top
+        audio["num_hidden_layers"] = enc["encoder_layers"] + enc.get("num_timestamp_prediction_blocks", 0)
+    if "num_timestamp_prediction_blocks" in enc:
+        audio["num_timestamp_prediction_layers"] = enc["num_timestamp_prediction_blocks"]
+    return dict(raw, audio_config=audio)
+
+
+def load_config(path: Path) -> Config:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelError(f"{path}: config.json not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ModelError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+    return config_mod.from_dict(_legacy_config(raw), str(path))
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """A safetensors checkpoint directory or a .gguf file -> validated Checkpoint (weights memory-mapped)."""
+    path = Path(path)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        from nanoasr.formats import gguf
+
+        return gguf.read(path)
+    if not path.exists():
+        raise ModelError(f"{path}: no such model directory or .gguf file")
+    if not path.is_dir():
+        raise ModelError(f"{path}: expected a checkpoint directory or a .gguf file")
+    config = load_config(path / "config.json")
+    files = {name: (path / name).read_text(encoding="utf-8") for name in TEXT_FILES if (path / name).is_file()}
+    if "tokenizer.json" not in files:
+        raise ModelError(f"{path}: tokenizer.json is missing (the checkpoint's tokenizer is required)")
+    tensors = to_logical(safetensors.read_checkpoint_dir(path), config)
+    validate(tensors, config, str(path))
+    return Checkpoint(config, tensors, files, {"path": str(path), "format": "safetensors"})

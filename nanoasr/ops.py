@@ -1,0 +1,86 @@
+"""xp-generic primitives (numpy or cupy, following the input): linear, norms, softmax, RoPE, attention.
+
+Everything computes in float32. `linear` is the one matmul entry point: dense float32 arrays go straight to
+BLAS; weights kept in their stored type go through the fused kernels for a few rows (decode) or are widened,
+one matrix at a time, into a reused buffer for many rows (encoder, prefill).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from nanoasr.backend import array_module
+from nanoasr.tensor import StoredTensor, widen
+
+MATVEC_MAX_ROWS = 8  # up to this many rows a fused matrix-vector kernel beats widening + GEMM
+
+
+def linear(x, w, bias=None):  # [..., in] @ W[out, in].T (+ b[out]) -> [..., out]
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1])
+    if isinstance(w, StoredTensor):
+        y = _stored_matmul(rows, w)
+    else:
+        y = rows @ w.T
+    if bias is not None:
+        y += bias
+    return y.reshape(*lead, y.shape[-1])
+
+
+def _stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, out]
+    if w.dtype != "f32" and rows.shape[0] <= MATVEC_MAX_ROWS and array_module(rows) is np:
+        from nanoasr.kernels import cpu
+
+        return cpu.matvec_stored(w, np.ascontiguousarray(rows, dtype=np.float32))
+    return rows @ widen(w).T
+
+
+def layer_norm(x, weight, bias, eps):  # [..., d] -> [..., d]
+    xp = array_module(x)
+    mean = x.mean(axis=-1, keepdims=True)
+    centered = x - mean
+    var = (centered * centered).mean(axis=-1, keepdims=True)
+    return centered / xp.sqrt(var + eps) * weight + bias
+
+
+def rms_norm(x, weight, eps):  # [..., d] -> [..., d]
+    xp = array_module(x)
+    ms = (x * x).mean(axis=-1, keepdims=True)
+    return x / xp.sqrt(ms + eps) * weight
+
+
+def softmax(x, axis=-1):
+    xp = array_module(x)
+    e = xp.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def relu(x):
+    return array_module(x).maximum(x, 0)
+
+
+def silu(x):
+    xp = array_module(x)
+    return x / (1 + xp.exp(-x))
+
+
+def rope_tables(positions, head_dim: int, theta: float):  # [n] -> cos, sin [n, head_dim]
+    xp = array_module(positions)
+    inv_freq = 1.0 / (theta ** (xp.arange(0, head_dim, 2, dtype=xp.float64) / head_dim))
+    angles = positions.astype(xp.float64)[:, None] * inv_freq[None, :]  # [n, head_dim/2]
+    angles = xp.concatenate([angles, angles], axis=-1)
+    return xp.cos(angles).astype(xp.float32), xp.sin(angles).astype(xp.float32)
+
+
+def apply_rope(x, cos, sin):  # [..., n, heads, d] with cos/sin [..., n, d] -> same; rotate-half (NeoX) layout
+    xp = array_module(x)
+    half = x.shape[-1] // 2
+    rotated = xp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[..., None, :] + rotated * sin[..., None, :]
+
+
+def attention(q, k, v, mask=None):  # q [..., h, n, d], k/v [..., h, m, d], mask [..., n|1, m] bool -> [..., h, n, d]
+    xp = array_module(q)
+    scores = (q * np.float32(q.shape[-1] ** -0.5)) @ xp.swapaxes(k, -1, -2)  # [..., h, n, m]
+    if mask is not None:
+        scores = xp.where(mask[..., None, :, :], scores, np.float32(-np.inf))
+    return softmax(scores) @ v

@@ -1,0 +1,61 @@
+"""StoredTensor: a weight kept in its stored type (memory-mapped where the file allows), widened on use."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Storage types and, for block-quantized ones, (elements per block, bytes per block) as in GGUF.
+BLOCK_TYPES = {"q8_0": (32, 34), "q4_k": (256, 144), "q6_k": (256, 210)}
+DENSE_TYPES = ("f32", "f16", "bf16")
+STORAGE_TYPES = DENSE_TYPES + tuple(BLOCK_TYPES)
+
+
+@dataclass(frozen=True, eq=False)
+class StoredTensor:
+    """A tensor of logical `shape` held as `data` in storage type `dtype`.
+
+    dense f32/f16: data has the logical shape and that numpy dtype; bf16: uint16 bits of the logical shape;
+    q8_0/q4_k/q6_k: uint8 blocks of shape [rows, row_bytes] (GGUF's layout, rows = shape[0]).
+    """
+
+    data: np.ndarray
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def numpy(self) -> np.ndarray:
+        """The tensor widened to float32 with its logical shape."""
+        return widen(self)
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """BF16 is the top half of an IEEE float32: shift the 16 bits into place."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def widen(t: StoredTensor) -> np.ndarray:
+    if t.dtype == "f32":
+        return np.ascontiguousarray(t.data, dtype=np.float32)
+    if t.dtype == "f16":
+        return t.data.astype(np.float32)
+    if t.dtype == "bf16":
+        return bf16_to_f32(t.data)
+    from nanoasr.quant.reference import dequantize
+
+    return dequantize(t.data, t.dtype, t.shape)
+
+
+def dense(array: np.ndarray) -> StoredTensor:
+    """Wrap a float32/float16 array (tests, converted weights)."""
+    dtype = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}[array.dtype]
+    return StoredTensor(array, dtype, tuple(array.shape))
+
+
+def take_rows(t: StoredTensor, ids) -> np.ndarray:
+    """Rows `ids` of a [rows, cols] tensor, widened to float32 (embedding lookup)."""
+    ids = np.asarray(ids)
+    return widen(StoredTensor(t.data[ids], t.dtype, (len(ids), *t.shape[1:])))
