@@ -11,9 +11,6 @@ import numpy as np
 from nanoasr.backend import array_module
 from nanoasr.tensor import StoredTensor, widen
 
-MATVEC_MAX_ROWS = 8  # up to this many rows a fused matrix-vector kernel beats widening + GEMM
-
-
 def linear(x, w, bias=None):  # [..., in] @ W[out, in].T (+ b[out]) -> [..., out]
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
@@ -27,10 +24,6 @@ def linear(x, w, bias=None):  # [..., in] @ W[out, in].T (+ b[out]) -> [..., out
 
 
 def _stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, out]
-    if w.dtype != "f32" and rows.shape[0] <= MATVEC_MAX_ROWS and array_module(rows) is np:
-        from nanoasr.kernels import cpu
-
-        return cpu.matvec_stored(w, np.ascontiguousarray(rows, dtype=np.float32))
     return rows @ widen(w).T
 
 
