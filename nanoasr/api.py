@@ -150,16 +150,19 @@ class Model:
 
     def transcribe(self, audio, *, sample_rate: int | None = None, language: str | None = None, itn: bool = True,
                    hotwords=(), context: str | None = None, reference: str = "funasr",
-                   max_new_tokens: int | None = None, ignore_stop: bool = False) -> Transcript:
-        """Transcribe a path, encoded bytes, a binary file object, or an array (with `sample_rate`)."""
+                   max_new_tokens: int | None = None, ignore_stop: bool = False, on_segment=None) -> Transcript:
+        """Transcribe a path, encoded bytes, a binary file object, or an array (with `sample_rate`).
+
+        `on_segment(segment)`, when given, is called as each segment is finished, in order.
+        """
         options = Options(language, itn, tuple(hotwords), context, reference, max_new_tokens, ignore_stop)
-        return self._transcribe(audio, sample_rate, options)
+        return self._transcribe(audio, sample_rate, options, on_segment)
 
     def transcribe_batch(self, inputs, **kwargs) -> list[Transcript]:
         """Transcribe several inputs with the same options, in order."""
         return [self.transcribe(x, **kwargs) for x in inputs]
 
-    def _transcribe(self, audio, sample_rate, options: Options) -> Transcript:
+    def _transcribe(self, audio, sample_rate, options: Options, on_segment=None) -> Transcript:
         from nanoasr.audio.io import SAMPLE_RATE, load_audio
         from nanoasr.audio.segment import split
 
@@ -178,8 +181,11 @@ class Model:
                 batch = spans[i:i + BATCH_SIZE]
                 gens = self._decode_segments([wave[a:b] for a, b in batch], options, timer)
                 for (a, b), g in zip(batch, gens):
-                    segments.append(Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, self.tokenizer.decode(g.ids),
-                                            g.finish_reason, tuple(g.ids)))
+                    segment = Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, self.tokenizer.decode(g.ids),
+                                      g.finish_reason, tuple(g.ids), g.avg_logprob)
+                    segments.append(segment)
+                    if on_segment is not None:
+                        on_segment(segment)
         timer.ms["total"] = (time.perf_counter() - start) * 1e3
         code = prompt.language_code(options.language)
         return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, duration, timer.ms)

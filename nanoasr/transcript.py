@@ -17,6 +17,7 @@ class Segment:
     text: str
     finish_reason: str  # "stop" | "length" (token budget hit) | "repetition" (loop guard) | "silence" (skipped)
     token_ids: tuple[int, ...] = ()
+    avg_logprob: float = 0.0  # mean log-probability of the generated tokens (0 for skipped segments)
 
     @property
     def truncated(self) -> bool:

@@ -42,6 +42,15 @@ def loop_start(ids: list[int]) -> int | None:
 class Generation:
     ids: list[int]
     finish_reason: str  # "stop" | "length" | "repetition"
+    avg_logprob: float = 0.0
+
+
+def _greedy(logits):  # [B, vocab] -> (ids [B], log-probability of each choice [B]), host lists
+    xp = array_module(logits)
+    ids = xp.argmax(logits, axis=-1)
+    top = xp.take_along_axis(logits, ids[:, None], axis=-1)[:, 0]
+    logprob = -xp.log(xp.exp(logits - top[:, None]).sum(axis=-1))
+    return to_numpy(ids).tolist(), to_numpy(logprob).tolist()
 
 
 def _finish(ids: list[int], budget: int, stop_ids, ignore_stop: bool) -> Generation | None:
@@ -65,10 +74,12 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, o
     n = len(embeds)
     cache = KVCache(cfg, n, max(len(e) + b for e, b in zip(embeds, budgets)), xp)
     item_of_row = list(range(n))
-    tokens = []
+    tokens, logprobs = [], []
     for b, e in enumerate(embeds):
         hidden = decoder.forward(e[None], w, cfg, cache, slice(b, b + 1), [0])
-        tokens.append([int(xp.argmax(decoder.logits(hidden, w)[0]))])
+        ids, lps = _greedy(decoder.logits(hidden, w))
+        tokens.append(ids)
+        logprobs.append(lps)
     if on_prefill is not None:
         on_prefill()
     results: list[Generation | None] = [None] * n
@@ -81,6 +92,8 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, o
             if done is None:
                 row += 1
                 continue
+            kept = logprobs[item][:len(done.ids)]
+            done.avg_logprob = sum(kept) / len(kept) if kept else 0.0
             results[item] = done
             active -= 1
             if row != active:
@@ -91,6 +104,7 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, o
         last = [tokens[item_of_row[r]][-1] for r in range(active)]
         x = decoder.embed(last, w)[:, None, :]  # [B, 1, H]
         hidden = decoder.forward(x, w, cfg, cache, slice(0, active), cache.lengths[:active].copy())
-        next_ids = xp.argmax(decoder.logits(hidden, w), axis=-1)
-        for r, t in enumerate(to_numpy(next_ids).tolist()):
-            tokens[item_of_row[r]].append(int(t))
+        ids, lps = _greedy(decoder.logits(hidden, w))
+        for r, (t, lp) in enumerate(zip(ids, lps)):
+            tokens[item_of_row[r]].append(t)
+            logprobs[item_of_row[r]].append(lp)
