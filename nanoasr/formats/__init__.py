@@ -1,0 +1,1 @@
+"""File formats: safetensors (memory-mapped reader) and GGUF (nanoasr's schema: read, write, convert)."""
