@@ -322,12 +322,35 @@ def test_absurd_counts_fail_fast_without_allocating(tmp_path, content, message):
         ours.read(path)
 
 
-def test_errors_from_the_gguf_package_become_model_errors(tmp_path):
+def test_duplicate_keys_are_refused(tmp_path):
     kv = gguf_string(b"k") + struct.pack("<IB", GGUFValueType.UINT8, 1)
     path = tmp_path / "dup.gguf"
     path.write_bytes(header(n_kv=2) + kv + kv)
-    with pytest.raises(ModelError, match="gguf package cannot read"):
+    with pytest.raises(ModelError, match="key k appears twice"):
         ours.read(path)
+
+
+def test_header_reader_agrees_with_gguf_reader(written, tmp_path):
+    for path in (written("bf16")[0], tmp_path / "other.gguf"):
+        if not path.exists():
+            w = GGUFWriter(path, "other")
+            for i, (kind, value) in enumerate([("int8", -3), ("uint16", 7), ("int64", -2 ** 40), ("float32", 0.5),
+                                               ("bool", True), ("string", "ok")]):
+                getattr(w, f"add_{kind}")(f"k{i}", value)
+            w.add_array("floats", [0.25, 1.5])
+            w.add_custom_alignment(64)
+            w.add_tensor("a", np.arange(6, dtype=np.float32).reshape(2, 3))
+            w.add_tensor("b", np.ones((4, 2), np.float16))
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+        reference = GGUFReader(path)
+        got = ours.read_header(path)
+        assert got.values == {k: f.contents() for k, f in reference.fields.items() if not k.startswith("GGUF.")}
+        assert [(t.name, t.shape, t.ggml_type, t.start, t.nbytes) for t in got.tensors] == [
+            (t.name, tuple(reversed(t.shape.tolist())), t.tensor_type, t.data_offset, t.n_bytes)
+            for t in reference.tensors]
 
 
 def test_qwen3_export_has_the_llama_cpp_names_and_hparams(checkpoint, tmp_path):
