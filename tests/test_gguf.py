@@ -51,6 +51,12 @@ def tiny_config(audio_token_id: int) -> Config:
         audio_token_id)
 
 
+def config_json(config: Config) -> str:
+    return json.dumps({"audio_config": dataclasses.asdict(config.audio),
+                       "adaptor_config": dataclasses.asdict(config.adaptor),
+                       "text_config": dataclasses.asdict(config.text), "audio_token_id": config.audio_token_id})
+
+
 def bf16(x: np.ndarray) -> StoredTensor:
     bits = gguf_quantize(x.astype(np.float32), GGMLQuantizationType.BF16).view(np.uint16)
     return StoredTensor(bits, "bf16", x.shape)
@@ -62,7 +68,7 @@ def random_checkpoint(seed: int = 0) -> Checkpoint:
     rng = np.random.default_rng(seed)
     tensors = {name: bf16(rng.standard_normal(shape) * (0.05 if kind == "matrix" else 1.0))
                for name, (shape, kind) in expected_tensors(config).items()}
-    files = {"config.json": json.dumps({"text_config": {"rope_theta": 5e5}}), "tokenizer.json": tok.to_str(),
+    files = {"config.json": config_json(config), "tokenizer.json": tok.to_str(),
              "chat_template.jinja": "{% for m in messages %}{{ m.content }}{% endfor %}",
              "processor_config.json": "", "tokenizer_config.json": json.dumps({"eos_token": "<|im_end|>"})}
     source = {"repo": "example/tiny-fun-asr-nano", "revision": "0123abcd", "license": "test license",
@@ -227,15 +233,12 @@ def test_layout_without_nanoasr_keys_loads_with_the_assumed_fields_listed(checkp
 
 
 def test_layout_with_an_embedded_config_reads_it(checkpoint, tmp_path):
-    config_json = json.dumps({"audio_config": dataclasses.asdict(checkpoint.config.audio),
-                              "adaptor_config": dataclasses.asdict(checkpoint.config.adaptor),
-                              "text_config": dataclasses.asdict(checkpoint.config.text),
-                              "audio_token_id": checkpoint.config.audio_token_id})
+    embedded = config_json(checkpoint.config)
     path = tmp_path / "embedded.gguf"
-    write_layout(path, widened(checkpoint), extra=[("other.config", config_json),
+    write_layout(path, widened(checkpoint), extra=[("other.config", embedded),
                                                   ("other.tokenizer", checkpoint.files["tokenizer.json"])])
     back = ours.read(path)
-    assert back.config == checkpoint.config and back.files["config.json"] == config_json
+    assert back.config == checkpoint.config and back.files["config.json"] == embedded
 
 
 def test_layout_without_any_tokenizer_is_refused(checkpoint, tmp_path):
@@ -372,3 +375,29 @@ def test_qwen3_export_has_the_llama_cpp_names_and_hparams(checkpoint, tmp_path):
         f"blk.{i}.{p}.weight" for i in range(t.num_hidden_layers) for p in per_layer}
     np.testing.assert_array_equal(names["blk.1.attn_k.weight"].data,
                                   checkpoint.tensors["model.language_model.layers.1.self_attn.k_proj.weight"].numpy())
+
+
+def test_convert_command_writes_the_file_report_table_and_summary(checkpoint, tmp_path, capsys):
+    from safetensors.numpy import save_file
+
+    from nanoasr.cli_convert import main
+
+    source = tmp_path / "ckpt"
+    source.mkdir()
+    save_file(widened(checkpoint), str(source / "model.safetensors"))
+    for name, text in checkpoint.files.items():
+        (source / name).write_text(text, encoding="utf-8")
+    out, report, qwen3 = tmp_path / "out.gguf", tmp_path / "out.json", tmp_path / "decoder.gguf"
+    rc = main([str(source), "--type", "f16", "--output", str(out), "--report", str(report),
+               "--repo", "example/tiny", "--revision", "abc", "--export-qwen3-gguf", str(qwen3)])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    rows = json.loads(report.read_text())
+    assert sorted(r["name"] for r in rows) == sorted(checkpoint.tensors)
+    assert {r["type"] for r in rows} == {"F16", "F32"}
+    assert "rel_rms" in printed.out and "tensor types:  F16" in printed.out and "x input" in printed.out
+    back = ours.read(out)
+    assert back.source["repo"] == "example/tiny" and back.source["revision"] == "abc"
+    assert GGUFReader(qwen3).fields["general.architecture"].contents() == "qwen3"
+    assert main([str(tmp_path / "missing"), "--output", str(out)]) == 1
+    assert "no such checkpoint" in capsys.readouterr().err

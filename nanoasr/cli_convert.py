@@ -1,0 +1,105 @@
+"""nanoasr convert: a checkpoint (directory, .gguf or hub id) -> a nanoasr GGUF of one type.
+
+The per-tensor error table and the size summary go to stdout, progress to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+
+from nanoasr.errors import ModelError, NanoasrError
+
+HF_CACHE_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<revision>[0-9a-f]{40})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from nanoasr.formats.gguf import TARGETS
+
+    parser = argparse.ArgumentParser(prog="nanoasr convert", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("source", help="checkpoint directory, .gguf file, or hub id org/name[@revision]")
+    parser.add_argument("--type", dest="target", choices=TARGETS, default="q8_0", help="GGUF type (mix) to write")
+    parser.add_argument("--output", "-o", required=True, help="the .gguf file to write")
+    parser.add_argument("--report", default=None, help="also save the per-tensor rows as JSON here")
+    parser.add_argument("--revision", default=None, help="hub revision to download and record as the source")
+    parser.add_argument("--repo", default=None,
+                        help="hub id to record as the source of a local directory (found from an HF cache path)")
+    parser.add_argument("--export-qwen3-gguf", metavar="OUT", default=None,
+                        help="also write the decoder alone as a stock llama.cpp qwen3 GGUF of the same type")
+    return parser
+
+
+def resolve(source: str, revision: str | None) -> tuple[Path, str | None, str | None]:
+    """(local path, repo, revision): local paths as they are, hub ids through nanoasr.hub or huggingface_hub."""
+    path = Path(source)
+    if path.exists():
+        match = HF_CACHE_SNAPSHOT.search(path.resolve().as_posix())
+        return path, *((f"{match['org']}/{match['name']}", match["revision"]) if match else (None, revision))
+    repo, _, pinned = source.partition("@")
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
+        raise ModelError(f"{source}: no such checkpoint directory or .gguf file, and not a hub id org/name")
+    revision = revision or pinned or None
+    try:
+        from nanoasr import hub
+    except ImportError:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(repo, revision=revision)
+        return Path(local), repo, HF_CACHE_SNAPSHOT.search(Path(local).as_posix())["revision"]
+    resolved = hub.resolve(f"{repo}@{revision}" if revision else repo)
+    return Path(resolved.path), resolved.repo, resolved.revision
+
+
+def format_table(rows: list[dict]) -> str:
+    width = max(len(r["name"]) for r in rows)
+    lines = [f"{'tensor':<{width}}  {'type':<5} {'shape':<14} {'bytes':>12} {'rel_rms':>10} {'max_abs':>10}"]
+    for r in rows:
+        errors = ("-", "-") if r["rel_rms"] is None else (f"{r['rel_rms']:.3e}", f"{r['max_abs']:.3e}")
+        lines.append(f"{r['name']:<{width}}  {r['type']:<5} {'x'.join(map(str, r['shape'])):<14} "
+                     f"{r['bytes']:>12,} {errors[0]:>10} {errors[1]:>10}")
+    return "\n".join(lines)
+
+
+def summary(input_bytes: int, output: Path, rows: list[dict]) -> str:
+    output_bytes = output.stat().st_size
+    counts = collections.Counter(r["type"] for r in rows)
+    worst = max((r for r in rows if r["rel_rms"] is not None), key=lambda r: r["rel_rms"], default=None)
+    lines = [f"input tensors: {input_bytes:,} bytes",
+             f"output file:   {output_bytes:,} bytes ({output_bytes / input_bytes:.3f} x input) {output}",
+             "tensor types:  " + ", ".join(f"{t} {n}" for t, n in sorted(counts.items()))]
+    if worst is not None:
+        lines.append(f"largest relative RMS error: {worst['rel_rms']:.3e} ({worst['name']}, {worst['type']})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        from nanoasr.formats import gguf
+        from nanoasr.model.weights import load_checkpoint
+
+        path, repo, revision = resolve(args.source, args.revision)
+        print(f"reading {path}", file=sys.stderr)
+        checkpoint = load_checkpoint(path)
+        repo = args.repo or repo or checkpoint.source.get("repo")
+        source = {k: v for k, v in dict(checkpoint.source, repo=repo, revision=revision).items() if v is not None}
+        checkpoint = dataclasses.replace(checkpoint, source=source)
+        output = Path(args.output)
+        rows = gguf.write(output, checkpoint, args.target, report=True)
+        print(format_table(rows))
+        print(summary(sum(t.nbytes for t in checkpoint.tensors.values()), output, rows))
+        if args.report:
+            Path(args.report).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+        if args.export_qwen3_gguf:
+            qwen3 = Path(args.export_qwen3_gguf)
+            gguf.write_qwen3(qwen3, checkpoint, args.target, report=False)
+            print(f"qwen3 decoder: {qwen3.stat().st_size:,} bytes {qwen3}")
+    except NanoasrError as exc:
+        print(f"nanoasr convert: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
