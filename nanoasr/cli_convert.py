@@ -14,7 +14,8 @@ from pathlib import Path
 
 from nanoasr.errors import ModelError, NanoasrError
 
-HF_CACHE_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<revision>[0-9a-f]{40})")
+HF_CACHE_SNAPSHOT = re.compile(
+    r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<revision>[0-9a-f]{40})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,19 +24,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanoasr convert", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("source", help="checkpoint directory, .gguf file, or hub id org/name[@revision]")
-    parser.add_argument("--type", dest="target", choices=TARGETS, default="q8_0", help="GGUF type (mix) to write")
+    parser.add_argument("--type", dest="target", choices=TARGETS, default="q8_0",
+                        help="GGUF type (mix) to write")
     parser.add_argument("--output", "-o", required=True, help="the .gguf file to write")
     parser.add_argument("--report", default=None, help="also save the per-tensor rows as JSON here")
     parser.add_argument("--revision", default=None, help="hub revision to download and record as the source")
     parser.add_argument("--repo", default=None,
-                        help="hub id to record as the source of a local directory (found from an HF cache path)")
+                        help="hub id to record as the source of a local directory "
+                             "(found from an HF cache path)")
     parser.add_argument("--export-qwen3-gguf", metavar="OUT", default=None,
                         help="also write the decoder alone as a stock llama.cpp qwen3 GGUF of the same type")
     return parser
 
 
 def resolve(source: str, revision: str | None) -> tuple[Path, str | None, str | None]:
-    """(local path, repo, revision): local paths as they are, hub ids through nanoasr.hub or huggingface_hub."""
+    """(local path, repo, revision): local paths as they are, hub ids through nanoasr.hub."""
     path = Path(source)
     if path.exists():
         match = HF_CACHE_SNAPSHOT.search(path.resolve().as_posix())
@@ -87,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reading {path}", file=sys.stderr)
         checkpoint = load_checkpoint(path)
         repo = args.repo or repo or checkpoint.source.get("repo")
-        source = {k: v for k, v in dict(checkpoint.source, repo=repo, revision=revision).items() if v is not None}
+        recorded = dict(checkpoint.source, repo=repo, revision=revision)
+        source = {k: v for k, v in recorded.items() if v is not None}
         checkpoint = dataclasses.replace(checkpoint, source=source)
         output = Path(args.output)
         rows = gguf.write(output, checkpoint, args.target, report=True)

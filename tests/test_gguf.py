@@ -43,18 +43,21 @@ def tiny_tokenizer() -> Tokenizer:
 
 def tiny_config(audio_token_id: int) -> Config:
     return Config(
-        AudioConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_timestamp_prediction_layers=2),
+        AudioConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                    num_timestamp_prediction_layers=2),
         AdaptorConfig(hidden_size=256, num_attention_heads=4, intermediate_size=64, projector_hidden_size=128,
                       layer_norm_eps=1e-12),
-        TextConfig(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=64, rope_theta=5e5, max_position_embeddings=4096),
+        TextConfig(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=5e5,
+                   max_position_embeddings=4096),
         audio_token_id)
 
 
 def config_json(config: Config) -> str:
     return json.dumps({"audio_config": dataclasses.asdict(config.audio),
                        "adaptor_config": dataclasses.asdict(config.adaptor),
-                       "text_config": dataclasses.asdict(config.text), "audio_token_id": config.audio_token_id})
+                       "text_config": dataclasses.asdict(config.text),
+                       "audio_token_id": config.audio_token_id})
 
 
 def bf16(x: np.ndarray) -> StoredTensor:
@@ -122,7 +125,8 @@ def test_dense_round_trip_keeps_config_files_names_and_values(checkpoint, writte
             want_type = target if kinds(checkpoint.config).get(name, "matrix") == "matrix" else "f32"
             assert got.dtype == want_type and got.shape == t.shape, name
             source = t.numpy()
-            expected = {"f32": source, "f16": source.astype(np.float16).astype(np.float32), "bf16": source}[want_type]
+            as_f16 = source.astype(np.float16).astype(np.float32)
+            expected = {"f32": source, "f16": as_f16, "bf16": source}[want_type]
             np.testing.assert_array_equal(got.numpy(), expected, err_msg=name)
             independent = gguf_dequantize(raw[name].data, raw[name].tensor_type).reshape(t.shape)
             np.testing.assert_array_equal(got.numpy(), independent, err_msg=name)
@@ -188,7 +192,8 @@ def test_quantized_round_trip_matches_the_gguf_dequantizers(checkpoint, written)
             rel = np.sqrt(np.mean((restored - source) ** 2) / np.mean(source ** 2))
             assert rel < bound, (name, want, rel)
             assert report[name]["rel_rms"] == pytest.approx(rel, rel=1e-6, abs=1e-12)
-            assert report[name]["max_abs"] == pytest.approx(np.abs(restored - source).max(), rel=1e-6, abs=1e-12)
+            max_abs = np.abs(restored - source).max()
+            assert report[name]["max_abs"] == pytest.approx(max_abs, rel=1e-6, abs=1e-12)
 
 
 def write_layout(path, arrays, vocab=None, types=None, extra=()):
@@ -225,7 +230,8 @@ def test_layout_without_nanoasr_keys_loads_with_the_assumed_fields_listed(checkp
     c, want = back.config, checkpoint.config
     assert (c.audio.hidden_size, c.audio.num_hidden_layers, c.audio.num_timestamp_prediction_layers) == \
         (want.audio.hidden_size, want.audio.num_hidden_layers, want.audio.num_timestamp_prediction_layers)
-    assert dataclasses.replace(c.text, rope_theta=want.text.rope_theta, max_position_embeddings=4096) == want.text
+    as_derived = dataclasses.replace(c.text, rope_theta=want.text.rope_theta, max_position_embeddings=4096)
+    assert as_derived == want.text
     assert c.audio_token_id == want.audio_token_id and c.text.rope_theta == 1e6
     rebuilt = Tokenizer.from_str(back.files["tokenizer.json"])
     original = Tokenizer.from_str(checkpoint.files["tokenizer.json"])
@@ -306,9 +312,11 @@ def gguf_string(text: bytes) -> bytes:
     (header(n_tensors=2 ** 62), "more than a .*-byte file can hold"),
     (header(n_kv=2 ** 60) + b"\0" * 64, "more than a .*-byte file can hold"),
     (header(n_kv=1) + struct.pack("<Q", 2 ** 60) + b"\0" * 64, "claims 1152921504606846976 bytes"),
-    (header(n_kv=1) + gguf_string(b"k") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.UINT8, 2 ** 61),
+    (header(n_kv=1) + gguf_string(b"k") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.UINT8,
+                                                      2 ** 61),
      "array of 2305843009213693952 UINT8"),
-    (header(n_kv=1) + gguf_string(b"k") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, 2 ** 40),
+    (header(n_kv=1) + gguf_string(b"k") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING,
+                                                      2 ** 40),
      "array of 1099511627776 STRING"),
     (header(n_kv=1) + gguf_string(b"k") + struct.pack("<II", 99, 0), "unknown value type 99"),
     (header(n_tensors=1) + gguf_string(b"t") + struct.pack("<I", 1000) + b"\0" * 64, "1000 dimensions"),
@@ -316,7 +324,8 @@ def gguf_string(text: bytes) -> bytes:
      "need 4835703278458516698824704 bytes"),
     (header(n_tensors=1) + gguf_string(b"t") + struct.pack("<IQQIQ", 2, 4, 4, 0, 0) + b"\0" * 8,
      "past the end"),
-    (header(n_tensors=1) + gguf_string(b"t") + struct.pack("<IQIQ", 1, 33, 8, 0) + b"\0" * 64, "not valid for Q8_0"),
+    (header(n_tensors=1) + gguf_string(b"t") + struct.pack("<IQIQ", 1, 33, 8, 0) + b"\0" * 64,
+     "not valid for Q8_0"),
 ])
 def test_absurd_counts_fail_fast_without_allocating(tmp_path, content, message):
     path = tmp_path / "absurd.gguf"
@@ -337,8 +346,9 @@ def test_header_reader_agrees_with_gguf_reader(written, tmp_path):
     for path in (written("bf16")[0], tmp_path / "other.gguf"):
         if not path.exists():
             w = GGUFWriter(path, "other")
-            for i, (kind, value) in enumerate([("int8", -3), ("uint16", 7), ("int64", -2 ** 40), ("float32", 0.5),
-                                               ("bool", True), ("string", "ok")]):
+            scalars = [("int8", -3), ("uint16", 7), ("int64", -2 ** 40), ("float32", 0.5), ("bool", True),
+                       ("string", "ok")]
+            for i, (kind, value) in enumerate(scalars):
                 getattr(w, f"add_{kind}")(f"k{i}", value)
             w.add_array("floats", [0.25, 1.5])
             w.add_custom_alignment(64)
@@ -350,7 +360,8 @@ def test_header_reader_agrees_with_gguf_reader(written, tmp_path):
             w.close()
         reference = GGUFReader(path)
         got = ours.read_header(path)
-        assert got.values == {k: f.contents() for k, f in reference.fields.items() if not k.startswith("GGUF.")}
+        fields = reference.fields.items()
+        assert got.values == {k: f.contents() for k, f in fields if not k.startswith("GGUF.")}
         assert [(t.name, t.shape, t.ggml_type, t.start, t.nbytes) for t in got.tensors] == [
             (t.name, tuple(reversed(t.shape.tolist())), t.tensor_type, t.data_offset, t.n_bytes)
             for t in reference.tensors]
@@ -369,12 +380,12 @@ def test_qwen3_export_has_the_llama_cpp_names_and_hparams(checkpoint, tmp_path):
     assert value["qwen3.attention.key_length"] == t.head_dim
     assert len(value["tokenizer.ggml.tokens"]) == t.vocab_size
     names = {r.name: r for r in reader.tensors}
-    per_layer = ["attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_gate", "ffn_up",
-                 "ffn_down", "attn_norm", "ffn_norm"]
+    per_layer = ["attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_gate",
+                 "ffn_up", "ffn_down", "attn_norm", "ffn_norm"]
     assert set(names) == {"token_embd.weight", "output_norm.weight"} | {
         f"blk.{i}.{p}.weight" for i in range(t.num_hidden_layers) for p in per_layer}
-    np.testing.assert_array_equal(names["blk.1.attn_k.weight"].data,
-                                  checkpoint.tensors["model.language_model.layers.1.self_attn.k_proj.weight"].numpy())
+    k_proj = checkpoint.tensors["model.language_model.layers.1.self_attn.k_proj.weight"]
+    np.testing.assert_array_equal(names["blk.1.attn_k.weight"].data, k_proj.numpy())
 
 
 def test_convert_command_writes_the_file_report_table_and_summary(checkpoint, tmp_path, capsys):

@@ -28,7 +28,7 @@ from nanoasr.errors import ModelError
 from nanoasr.model import config as config_mod
 from nanoasr.model.config import AdaptorConfig, AudioConfig, Config, TextConfig
 from nanoasr.model.weights import Checkpoint, expected_tensors, spec, validate
-from nanoasr.tensor import BLOCK_TYPES, StoredTensor, bf16_to_f32
+from nanoasr.tensor import StoredTensor, bf16_to_f32
 
 ARCH = "fun_asr_nano"
 SCHEMA_KEY = f"{ARCH}.schema_version"
@@ -46,7 +46,8 @@ GGML_TYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
               "bf16": GGMLQuantizationType.BF16, "q8_0": GGMLQuantizationType.Q8_0,
               "q4_k": GGMLQuantizationType.Q4_K, "q6_k": GGMLQuantizationType.Q6_K}
 STORED_TYPES = {ggml: stored for stored, ggml in GGML_TYPES.items()}
-FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16, "bf16": LlamaFileType.MOSTLY_BF16,
+FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
+              "bf16": LlamaFileType.MOSTLY_BF16,
               "q8_0": LlamaFileType.MOSTLY_Q8_0, "q4_k_m": LlamaFileType.MOSTLY_Q4_K_M}
 TARGETS = tuple(FILE_TYPES)
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
@@ -223,7 +224,8 @@ def _walk(buf, size: int, where: str) -> Header:
     tensors = []
     for name, dims, ggml_type, offset, nbytes in infos:
         if offset % alignment or data_start + offset + nbytes > size:
-            raise ModelError(f"{where}: tensor {name}: data [{data_start + offset}, {data_start + offset + nbytes}) "
+            start = data_start + offset
+            raise ModelError(f"{where}: tensor {name}: data [{start}, {start + nbytes}) "
                              f"is misaligned or past the end of the {size}-byte file (truncated?)")
         tensors.append(TensorInfo(name, tuple(reversed(dims)), ggml_type, data_start + offset, nbytes))
     if len({t.name for t in tensors}) != len(tensors):
@@ -247,6 +249,10 @@ def _special_token(tokenizer_config: dict, role: str, default: str) -> str:
     return value.get("content", default) if isinstance(value, dict) else value
 
 
+def _added_type(added: dict) -> int:
+    return int(TokenType.CONTROL if added.get("special") else TokenType.USER_DEFINED)
+
+
 def vocab_arrays(files: dict[str, str], vocab_size: int, where: str) -> dict:
     """tokens, token types, merges and special ids (the llama.cpp `gpt2` model) from tokenizer.json."""
     try:
@@ -258,8 +264,9 @@ def vocab_arrays(files: dict[str, str], vocab_size: int, where: str) -> dict:
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]  # ids no token uses, as llama.cpp names them
     types = [int(TokenType.UNUSED)] * vocab_size
     entries = [(i, t, int(TokenType.NORMAL)) for t, i in vocab.items()]
-    entries += [(a["id"], a["content"], int(TokenType.CONTROL if a.get("special") else TokenType.USER_DEFINED))
-                for a in tokenizer.get("added_tokens", [])]
+    added = tokenizer.get("added_tokens", [])
+    entries += [(a["id"], a["content"], _added_type(a))
+                for a in added]
     for i, token, kind in entries:
         if not 0 <= i < vocab_size:
             raise ModelError(f"{where}: tokenizer.json token {token!r} has id {i}, outside the vocabulary "
@@ -267,8 +274,8 @@ def vocab_arrays(files: dict[str, str], vocab_size: int, where: str) -> dict:
         tokens[i], types[i] = token, kind
     ids = {t: i for i, t in enumerate(tokens)}
     roles = json.loads(files.get("tokenizer_config.json", "{}"))
-    special = {role: ids.get(_special_token(roles, f"{role}_token", default))
-               for role, default in (("bos", "<|endoftext|>"), ("eos", "<|im_end|>"), ("pad", "<|endoftext|>"))}
+    defaults = (("bos", "<|endoftext|>"), ("eos", "<|im_end|>"), ("pad", "<|endoftext|>"))
+    special = {role: ids.get(_special_token(roles, f"{role}_token", default)) for role, default in defaults}
     return {"tokens": tokens, "types": types, "special": special,
             "merges": [m if isinstance(m, str) else " ".join(m) for m in merges]}
 
@@ -332,7 +339,8 @@ def _quantizer():
     try:
         from nanoasr.quant import quantize
     except ImportError as exc:
-        raise ModelError(f"quantized GGUF types need nanoasr.quant.quantize, which cannot be imported ({exc})") from None
+        raise ModelError(f"quantized GGUF types need nanoasr.quant.quantize, which cannot be imported "
+                         f"({exc})") from None
     return quantize
 
 
@@ -387,7 +395,8 @@ def _report_row(name: str, t: StoredTensor, dtype: str, data: np.ndarray, report
 def _stream(path: Path, w: GGUFWriter, items, types, report: bool, progress) -> list[dict]:
     """Header, metadata and tensor infos, then each tensor converted and written in turn (one in memory)."""
     for out_name, name, t in items:
-        w.add_tensor_info(out_name, tuple(t.shape), np.dtype(np.float32), _nbytes(tuple(t.shape), types[name]),
+        shape = tuple(t.shape)
+        w.add_tensor_info(out_name, shape, np.dtype(np.float32), _nbytes(shape, types[name]),
                           raw_dtype=GGML_TYPES[types[name]])
     w.write_header_to_file(path)
     w.write_kv_data_to_file()
@@ -398,13 +407,15 @@ def _stream(path: Path, w: GGUFWriter, items, types, report: bool, progress) -> 
         w.write_tensor_data(data)
         rows.append(dict(_report_row(name, t, types[name], data, report), name=out_name))
         if progress is not None:
-            print(f"\r[{k}/{len(items)}] {types[name]:>4} {out_name}\033[K", end="", file=progress, flush=True)
+            line = f"[{k}/{len(items)}] {types[name]:>4} {out_name}"
+            print(f"\r{line}\033[K", end="", file=progress, flush=True)
     if progress is not None:
         print(file=progress)
     return rows
 
 
-def _write_atomically(path: Path, arch: str, add_metadata, items, types, report: bool, progress) -> list[dict]:
+def _write_atomically(path: Path, arch: str, add_metadata, items, types, report: bool,
+                      progress) -> list[dict]:
     """Write beside `path` and rename at the end, so a failed conversion leaves no partial file behind."""
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
@@ -429,7 +440,8 @@ def _add_general(w: GGUFWriter, checkpoint: Checkpoint, target: str) -> None:
     w.add_string(Keys.General.LICENSE_LINK, source.get("license_url") or package["license_url"])
     if repo:
         w.add_string(Keys.General.SOURCE_REPO_URL, f"https://huggingface.co/{repo}")
-        w.add_string(Keys.General.SOURCE_URL, f"https://huggingface.co/{repo}" + (f"/tree/{revision}" if revision else ""))
+        pinned = f"/tree/{revision}" if revision else ""
+        w.add_string(Keys.General.SOURCE_URL, f"https://huggingface.co/{repo}{pinned}")
     w.add_file_type(int(FILE_TYPES[target]))
     w.add_quantization_version(GGML_QUANT_VERSION)
 
@@ -554,7 +566,8 @@ def _derived_fields(tensors: dict[str, StoredTensor], where: str) -> dict[str, d
 
     audio, text = "model.audio_tower.layers.", "model.language_model."
     n_audio = _layer_count(tensors, audio)
-    finals = sorted(int(n.split(".")[3]) for n in tensors if n.startswith(audio) and ".final_layernorm.weight" in n)
+    finals = sorted(int(n.split(".")[3]) for n in tensors
+                    if n.startswith(audio) and n.endswith(".final_layernorm.weight"))
     input_size = dims(f"{audio}0.self_attn.q_proj.weight")[1]
     head_dim = dims(f"{text}layers.0.self_attn.q_norm.weight")[0]
     if input_size % AudioConfig.num_mel_bins or not finals:
@@ -676,10 +689,11 @@ def _add_qwen3_hparams(w: GGUFWriter, t: TextConfig) -> None:
 
 def write_qwen3(path: str | Path, checkpoint: Checkpoint, target: str = "f16", report: bool = True,
                 progress=sys.stderr) -> list[dict]:
-    """The decoder alone as a stock llama.cpp `qwen3` GGUF (benchmarks against llama.cpp on the same weights)."""
+    """The decoder alone as a stock llama.cpp `qwen3` GGUF (to benchmark llama.cpp on the same weights)."""
     validate(checkpoint.tensors, checkpoint.config, "checkpoint to export")
     types = storage_types(checkpoint, target)
-    items = [(ours, logical, checkpoint.tensors[logical]) for logical, ours in qwen3_names(checkpoint.config).items()]
+    names = qwen3_names(checkpoint.config)
+    items = [(ours, logical, checkpoint.tensors[logical]) for logical, ours in names.items()]
 
     def add_metadata(w: GGUFWriter) -> None:
         _add_general(w, checkpoint, target)
