@@ -80,18 +80,9 @@ def random_checkpoint(seed: int = 0) -> Checkpoint:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    if not (FIXTURE / "config.json").exists():
-        return random_checkpoint()
-    from nanoasr.model.weights import load_checkpoint
-
-    directory = tmp_path_factory.mktemp("tiny")
-    for f in FIXTURE.iterdir():
-        if f.name == "tokenizer.json.gz":
-            (directory / "tokenizer.json").write_bytes(gzip.decompress(f.read_bytes()))
-        elif f.is_file():
-            shutil.copy(f, directory / f.name)
-    return load_checkpoint(directory)
+def checkpoint():
+    """Small vocabulary, so the gguf package's GGUFReader (the oracle) parses the files quickly."""
+    return random_checkpoint()
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +185,48 @@ def test_quantized_round_trip_matches_the_gguf_dequantizers(checkpoint, written)
             assert report[name]["rel_rms"] == pytest.approx(rel, rel=1e-6, abs=1e-12)
             max_abs = np.abs(restored - source).max()
             assert report[name]["max_abs"] == pytest.approx(max_abs, rel=1e-6, abs=1e-12)
+
+
+def widened_independently(t: StoredTensor) -> np.ndarray:
+    """float32 of a stored tensor by plain numpy (BF16 bits shifted up) or the gguf package's dequantizers."""
+    if t.dtype == "bf16":
+        return (t.data.astype(np.uint32) << 16).view(np.float32)
+    if t.dtype in ("f32", "f16"):
+        return t.data.astype(np.float32)
+    return gguf_dequantize(np.asarray(t.data), GGMLQuantizationType[t.dtype.upper()]).reshape(t.shape)
+
+
+class Q8Quantizer:
+    """The gguf package's own Q8_0 quantizer behind nanoasr.quant's interface: Q8_0 rows, F16 otherwise."""
+
+    @staticmethod
+    def storage_type(name, shape, target, n_layers):
+        return "q8_0" if shape[-1] % 32 == 0 else "f16"
+
+    @staticmethod
+    def quantize(x, dtype):
+        return gguf_quantize(x, GGMLQuantizationType.Q8_0)
+
+
+def test_block_types_are_written_and_read_as_gguf_blocks(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setattr(ours, "_quantizer", lambda: Q8Quantizer)
+    path = tmp_path / "q8.gguf"
+    rows = ours.write(path, checkpoint, "q8_0", report=True, progress=None)
+    back = ours.read(path)
+    raw = {t.name: t for t in GGUFReader(path).tensors}
+    matrices = [n for n in checkpoint.tensors if kinds(checkpoint.config).get(n, "matrix") == "matrix"]
+    assert {back.tensors[n].dtype for n in matrices} == {"q8_0", "f16"}  # 560-wide rows fall back
+    for name in matrices:
+        t, got = checkpoint.tensors[name], back.tensors[name]
+        if got.dtype == "q8_0":
+            blocks = gguf_quantize(t.numpy(), GGMLQuantizationType.Q8_0)
+            assert got.data.shape == (t.shape[0], t.shape[1] // 32 * 34) and got.data.dtype == np.uint8
+            np.testing.assert_array_equal(got.data, blocks, err_msg=name)
+        restored = gguf_dequantize(raw[name].data, raw[name].tensor_type).reshape(t.shape)
+        np.testing.assert_array_equal(widened_independently(got), restored, err_msg=name)
+    assert GGUFReader(path).fields["general.file_type"].contents() == 7
+    assert {r["type"] for r in rows} == {"Q8_0", "F16", "F32"}
+    assert all(0 < r["rel_rms"] < 0.01 for r in rows if r["type"] == "Q8_0")
 
 
 def write_layout(path, arrays, vocab=None, types=None, extra=()):
@@ -412,3 +445,35 @@ def test_convert_command_writes_the_file_report_table_and_summary(checkpoint, tm
     assert GGUFReader(qwen3).fields["general.architecture"].contents() == "qwen3"
     assert main([str(tmp_path / "missing"), "--output", str(out)]) == 1
     assert "no such checkpoint" in capsys.readouterr().err
+
+
+def fixture_checkpoint(tmp_path):
+    from nanoasr.model.weights import load_checkpoint
+
+    for f in FIXTURE.iterdir():
+        if f.name == "tokenizer.json.gz":
+            (tmp_path / "tokenizer.json").write_bytes(gzip.decompress(f.read_bytes()))
+        elif f.is_file():
+            shutil.copy(f, tmp_path / f.name)
+    return load_checkpoint(tmp_path)
+
+
+@pytest.mark.skipif(not (FIXTURE / "config.json").exists(), reason="tests/fixtures/tiny is not committed yet")
+@pytest.mark.parametrize("target", ours.TARGETS)
+def test_committed_fixture_round_trip(tmp_path, target):
+    if target in ("q8_0", "q4_k_m"):
+        pytest.importorskip("nanoasr.quant.quantize")
+    source = fixture_checkpoint(tmp_path)
+    path = tmp_path / f"fixture-{target}.gguf"
+    rows = ours.write(path, source, target, report=True, progress=None)
+    back = ours.read(path)
+    assert back.config == source.config and back.files == source.files
+    assert list(back.tensors) == list(source.tensors)
+    for row in rows:
+        t, got = source.tensors[row["name"]], back.tensors[row["name"]]
+        assert got.shape == t.shape and GGMLQuantizationType[got.dtype.upper()].name == row["type"]
+        restored = widened_independently(got)
+        if target in ("f32", "bf16") or got.dtype == "f32":
+            np.testing.assert_array_equal(restored, t.numpy(), err_msg=row["name"])
+    tokens = json.loads(source.files["tokenizer.json"])["added_tokens"]
+    assert any(a["content"] == "<|object_ref_start|>" and a["id"] == back.config.audio_token_id for a in tokens)
