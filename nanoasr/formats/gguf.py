@@ -406,10 +406,11 @@ def _stream(path: Path, w: GGUFWriter, items, types, report: bool, progress) -> 
         data = encode(t, types[name], name)
         w.write_tensor_data(data)
         rows.append(dict(_report_row(name, t, types[name], data, report), name=out_name))
-        if progress is not None:
+        if progress is not None:  # one line rewritten in place on a terminal, a line per tensor in a log
             line = f"[{k}/{len(items)}] {types[name]:>4} {out_name}"
-            print(f"\r{line}\033[K", end="", file=progress, flush=True)
-    if progress is not None:
+            live = progress.isatty()
+            print(f"\r{line}\033[K" if live else line, end="" if live else "\n", file=progress, flush=True)
+    if progress is not None and progress.isatty():
         print(file=progress)
     return rows
 
