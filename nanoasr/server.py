@@ -4,7 +4,6 @@ One model in memory; requests run one at a time, in arrival order, on a single w
 queue is full new requests get 503 with Retry-After. Errors use OpenAI's envelope, and bad input is
 always a 4xx (the official client retries 5xx). FastAPI and uvicorn come with the `server` extra.
 """
-from __future__ import annotations
 
 import argparse
 import asyncio

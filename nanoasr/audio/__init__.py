@@ -1,0 +1,1 @@
+"""Audio input: decoding, features and long-audio segmentation."""

@@ -1,0 +1,138 @@
+"""HTTP contract of the server with a stand-in model: status codes, envelopes, limits, queue, auth."""
+import io
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+
+pytest.importorskip("fastapi")
+
+from nanoasr.errors import AudioError  # noqa: E402
+from nanoasr.server import create_app  # noqa: E402
+from nanoasr.transcript import Segment, Transcript  # noqa: E402
+from tests.serverutil import running  # noqa: E402
+
+
+class StandInModel:
+    """Decodes the upload like the real one would reject it, and echoes a fixed transcript."""
+
+    def __init__(self, delay=0.0):
+        self.delay = delay
+        self.calls = 0
+
+    def transcribe(self, audio, on_segment=None, **kwargs):
+        data = audio.read()
+        if not data.startswith(b"RIFF"):
+            raise AudioError("<upload>: not audio (cannot be decoded)")
+        self.calls += 1
+        time.sleep(self.delay)
+        segments = (Segment(0.0, 1.5, "hello there", "stop", (1, 2)), Segment(1.5, 3.0, "general", "stop", (3,)))
+        for s in segments:
+            if on_segment:
+                on_segment(s)
+        return Transcript("hello there general", segments, kwargs.get("language"), 3.0, {})
+
+
+def wav_bytes(seconds=0.5):
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(int(16000 * seconds), np.float32), 16000, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def post(url, data=None, files=None, headers=None):
+    files = files if files is not None else {"file": ("a.wav", wav_bytes(), "audio/wav")}
+    return httpx.post(url + "/v1/audio/transcriptions", data={"model": "fun-asr-nano", **(data or {})},
+                      files=files, headers=headers, timeout=30)
+
+
+def assert_envelope(response, status, param=None):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param
+
+
+@pytest.fixture(scope="module")
+def url():
+    with running(create_app(StandInModel(), max_upload_mb=1)) as base:
+        yield base
+
+
+def test_json_and_plain_formats(url):
+    assert post(url).json() == {"text": "hello there general"}
+    text = post(url, {"response_format": "text"})
+    assert text.headers["content-type"].startswith("text/plain") and text.text == "hello there general"
+    vtt = post(url, {"response_format": "vtt"})
+    assert vtt.headers["content-type"].startswith("text/vtt") and vtt.text.startswith("WEBVTT")
+    srt = post(url, {"response_format": "srt"})
+    assert srt.text.startswith("1\n00:00:00,000 --> 00:00:01,500")
+
+
+def test_verbose_json_has_duration_language_and_segments(url):
+    body = post(url, {"response_format": "verbose_json", "language": "en"}).json()
+    assert body["duration"] == 3.0 and body["language"] == "english"
+    assert [(s["start"], s["end"], s["text"]) for s in body["segments"]] == [(0.0, 1.5, "hello there"),
+                                                                             (1.5, 3.0, "general")]
+    assert body["usage"] == {"type": "duration", "seconds": 3.0}
+
+
+def test_stream_sends_deltas_then_done(url):
+    with httpx.stream("POST", url + "/v1/audio/transcriptions", data={"model": "m", "stream": "true"},
+                      files={"file": ("a.wav", wav_bytes(), "audio/wav")}, timeout=30) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[0] == 'data: {"type": "transcript.text.delta", "delta": "hello there"}'
+    assert events[-1] == 'data: {"type": "transcript.text.done", "text": "hello there general"}'
+
+
+@pytest.mark.parametrize("data, param", [
+    ({"temperature": "0.7"}, "temperature"),
+    ({"timestamp_granularities[]": "word"}, "timestamp_granularities"),
+    ({"response_format": "xml"}, "response_format"),
+    ({"language": "klingon"}, "language"),
+])
+def test_bad_fields_are_400(url, data, param):
+    assert_envelope(post(url, data), 400, param)
+
+
+def test_undecodable_empty_and_missing_file_are_400(url):
+    assert_envelope(post(url, files={"file": ("a.wav", b"not audio at all", "audio/wav")}), 400, "file")
+    assert_envelope(post(url, files={"file": ("a.wav", b"", "audio/wav")}), 400, "file")
+    response = httpx.post(url + "/v1/audio/transcriptions", data={"model": "m"}, timeout=30)
+    assert_envelope(response, 400, "file")
+
+
+def test_upload_over_the_limit_is_413(url):
+    big = b"RIFF" + bytes(2 * 1024 * 1024)
+    assert_envelope(post(url, files={"file": ("a.wav", big, "audio/wav")}), 413)
+
+
+def test_models_and_health(url):
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+    assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "fun-asr-nano"
+
+
+def test_api_key():
+    with running(create_app(StandInModel(), api_key="sekret")) as base:
+        assert_envelope(post(base), 401)
+        assert_envelope(post(base, headers={"Authorization": "Bearer wrong"}), 401)
+        assert post(base, headers={"Authorization": "Bearer sekret"}).status_code == 200
+        assert httpx.get(base + "/health").status_code == 200
+
+
+def test_full_queue_is_503_with_retry_after():
+    model = StandInModel(delay=0.5)
+    with running(create_app(model, max_queue=1)) as base:
+        results = []
+        first = threading.Thread(target=lambda: results.append(post(base)))
+        first.start()
+        time.sleep(0.2)
+        busy = post(base)
+        first.join()
+        assert results[0].status_code == 200
+        assert_envelope(busy, 503)
+        assert busy.headers["retry-after"]
