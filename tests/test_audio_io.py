@@ -160,3 +160,144 @@ def test_shortest_accepted_audio_is_one_25ms_frame():
     # 1197 samples at 48 kHz are 24.9 ms, 399 samples at 16 kHz: the rule applies after resampling.
     with pytest.raises(AudioError, match=r"\(399 samples at 16 kHz\), shorter than 25 ms"):
         load_audio(np.zeros(1197, np.float32), sample_rate=48000)
+
+
+@pytest.fixture
+def wav_bytes(tmp_path):
+    return write(tmp_path / "ok.wav", sine(SAMPLE_RATE), SAMPLE_RATE, "WAV", "PCM_16").read_bytes()
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(AudioError, match=r"nope\.wav: no such file"):
+        load_audio(tmp_path / "nope.wav")
+    with pytest.raises(AudioError, match="is a directory"):
+        load_audio(tmp_path)
+
+
+def test_empty_inputs(tmp_path):
+    (tmp_path / "empty.wav").write_bytes(b"")
+    with pytest.raises(AudioError, match=r"empty\.wav: the file is empty \(0 bytes\)"):
+        load_audio(tmp_path / "empty.wav")
+    with pytest.raises(AudioError, match=r"<bytes>: .*empty \(0 bytes\)"):
+        load_audio(b"")
+    with pytest.raises(AudioError, match="empty"):
+        load_audio(io.BytesIO())
+
+
+def test_zero_sample_wav(tmp_path):
+    path = write(tmp_path / "zero.wav", np.zeros(0, np.float32), SAMPLE_RATE, "WAV", "PCM_16")
+    with pytest.raises(AudioError, match=r"zero\.wav: the audio has zero samples"):
+        load_audio(path)
+    with pytest.raises(AudioError, match="zero samples"):
+        load_audio(np.zeros((0, 2), np.float32), sample_rate=SAMPLE_RATE)
+
+
+def test_truncated_header(tmp_path, wav_bytes):
+    (tmp_path / "cut.wav").write_bytes(wav_bytes[:20])
+    with pytest.raises(AudioError, match=r"cut\.wav: cannot be decoded: a truncated or corrupt WAV file"):
+        load_audio(tmp_path / "cut.wav")
+    with pytest.raises(AudioError, match="<bytes>: cannot be decoded: a truncated or corrupt WAV"):
+        load_audio(wav_bytes[:20])
+
+
+def test_corrupt_data(tmp_path):
+    data = bytearray(write(tmp_path / "a.ogg", sine(SAMPLE_RATE), SAMPLE_RATE, "OGG", "VORBIS").read_bytes())
+    data[200:2000] = np.random.default_rng(0).bytes(1800)  # breaks the Ogg page checksums
+    with pytest.raises(AudioError, match="cannot be decoded: a truncated or corrupt OGG file"):
+        load_audio(bytes(data))
+
+
+def test_text_and_random_bytes_are_not_audio(tmp_path):
+    (tmp_path / "notes.txt").write_text("this is a text file, not a recording\n" * 20)
+    with pytest.raises(AudioError, match=r"notes\.txt: cannot be decoded: not audio"):
+        load_audio(tmp_path / "notes.txt")
+    with pytest.raises(AudioError, match="<bytes>: cannot be decoded: not audio"):
+        # Random bytes without 0xFF, so nothing resembles an MPEG frame sync.
+        load_audio(np.random.default_rng(1).bytes(4000).replace(b"\xff", b"\x00"))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_samples(tmp_path, bad):
+    wave = sine(SAMPLE_RATE)
+    wave[100] = bad
+    with pytest.raises(AudioError, match="<array>: the audio contains NaN or Inf"):
+        load_audio(wave, sample_rate=SAMPLE_RATE)
+    path = write(tmp_path / "bad.wav", wave, SAMPLE_RATE, "WAV", "FLOAT")
+    with pytest.raises(AudioError, match=r"bad\.wav: the audio contains NaN or Inf"):
+        load_audio(path)
+
+
+@pytest.mark.parametrize("rate, words", [(0, "must be positive; got 0 Hz"), (-1, "must be positive; got -1 Hz"),
+                                         (10, "10 Hz is outside"), (10 ** 7, "10000000 Hz is outside"),
+                                         (16000.0, "must be an integer"), (True, "must be an integer")])
+def test_absurd_sample_rates(rate, words):
+    with pytest.raises(AudioError, match=f"<array>: sample rate {words}"):
+        load_audio(sine(SAMPLE_RATE), sample_rate=rate)
+
+
+def test_absurd_rate_in_a_file_header(tmp_path, wav_bytes):
+    data = bytearray(wav_bytes)
+    data[24:28] = (10).to_bytes(4, "little")  # the fmt chunk's sample rate field
+    with pytest.raises(AudioError, match="<bytes>: sample rate 10 Hz is outside"):
+        load_audio(bytes(data))
+
+
+def test_array_input_errors(wav_bytes):
+    with pytest.raises(AudioError, match="needs sample_rate"):
+        load_audio(sine(SAMPLE_RATE))
+    with pytest.raises(AudioError, match=r"got shape \(10, 100, 2\)"):
+        load_audio(np.zeros((10, 100, 2), np.float32), sample_rate=SAMPLE_RATE)
+    with pytest.raises(AudioError, match=r"got shape \(2, 16000\), more channels than samples"):
+        load_audio(np.zeros((2, SAMPLE_RATE), np.float32), sample_rate=SAMPLE_RATE)
+    for dtype in (np.uint8, np.int64, np.complex64, np.bool_):
+        with pytest.raises(AudioError, match=f"got dtype {np.dtype(dtype)}"):
+            load_audio(np.zeros(SAMPLE_RATE, dtype), sample_rate=SAMPLE_RATE)
+    with pytest.raises(AudioError, match="sample_rate is for numpy arrays only"):
+        load_audio(wav_bytes, sample_rate=SAMPLE_RATE)
+
+
+def test_unsupported_source_types(tmp_path):
+    with pytest.raises(AudioError, match="got list"):
+        load_audio([0.0] * 1000)
+    (tmp_path / "a.wav").write_bytes(b"RIFF")
+    with open(tmp_path / "a.wav") as text_mode, pytest.raises(AudioError, match=r"binary mode \('rb'\)"):
+        load_audio(text_mode)
+
+
+@needs_ffmpeg
+def test_m4a_without_ffmpeg_names_what_to_install(tmp_path, monkeypatch):
+    path = ffmpeg_encode(tmp_path, ".m4a", "aac")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    assert shutil.which("ffmpeg") is None
+    with pytest.raises(AudioError, match=r"install ffmpeg \(apt install ffmpeg / brew install ffmpeg\) "
+                                         r"to read \.m4a files"):
+        load_audio(path)
+    with pytest.raises(AudioError, match="install ffmpeg .* to read MP4/M4A audio"):
+        load_audio(path.read_bytes())
+    (tmp_path / "notes.txt").write_text("not audio\n" * 10)
+    with pytest.raises(AudioError, match="not audio.*install ffmpeg"):
+        load_audio(tmp_path / "notes.txt")
+
+
+def test_decode_failures_chain_the_library_error(wav_bytes):
+    with pytest.raises(AudioError) as caught:
+        load_audio(wav_bytes[:20])
+    assert isinstance(caught.value.__cause__, soundfile.SoundFileError)
+
+
+@pytest.mark.parametrize("name, fmt, subtype", [("a.wav", "WAV", "PCM_16"), ("a.flac", "FLAC", "PCM_16"),
+                                               ("a.ogg", "OGG", "VORBIS"), ("a.mp3", "MP3", "MPEG_LAYER_III")])
+def test_damaged_files_give_audio_or_audio_error(tmp_path, name, fmt, subtype):
+    data = write(tmp_path / name, sine(SAMPLE_RATE), SAMPLE_RATE, fmt, subtype).read_bytes()
+    rng = np.random.default_rng(2)
+    cut = [data[:n] for n in (1, 4, 12, 30, 60, 200, len(data) // 2)]
+    flipped = [bytes(np.frombuffer(data, np.uint8) ^ (rng.random(len(data)) < p).astype(np.uint8) * 0x5A)
+               for p in (0.001, 0.05)]
+    for damaged in cut + flipped:
+        try:
+            wave = load_audio(damaged)
+        except AudioError as exc:
+            assert str(exc).startswith("<bytes>: ")
+        else:
+            check_output(wave)
+            assert np.isfinite(wave).all()

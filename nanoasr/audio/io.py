@@ -143,19 +143,18 @@ def _from_bytes(data, name):  # -> ([N, C] float32, rate)
 
 
 def _decode_encoded(name, head, suffix, path=None, data=None):  # libsndfile first, then ffmpeg
-    container = _sniff(head)
     try:
-        wave, rate = soundfile.read(path if data is None else BytesIO(data), dtype="float32", always_2d=True)
-        return wave, rate
+        return soundfile.read(path if data is None else BytesIO(data), dtype="float32", always_2d=True)
     except (soundfile.SoundFileError, RuntimeError, ValueError, OSError) as exc:
-        libsndfile_error = _libsndfile_reason(exc)
+        libsndfile_exc = exc
+    container, reason = _sniff(head), _libsndfile_reason(libsndfile_exc)
     if shutil.which("ffmpeg") is None:
-        raise AudioError(_without_ffmpeg(name, container, suffix, libsndfile_error))
+        raise AudioError(_without_ffmpeg(name, container, suffix, reason)) from libsndfile_exc
     wave, ffmpeg_error = _ffmpeg_decode(path, data)
-    if wave is not None:
-        return wave[:, None], SAMPLE_RATE
-    raise AudioError(f"{name}: cannot be decoded: {_problem(container, libsndfile_error)}; "
-                     f"ffmpeg cannot decode it either ({ffmpeg_error})")
+    if wave is None:
+        raise AudioError(f"{name}: cannot be decoded: {_problem(container, reason)}; "
+                         f"ffmpeg cannot decode it either ({ffmpeg_error})") from libsndfile_exc
+    return wave[:, None], SAMPLE_RATE
 
 
 def _sniff(head):  # leading bytes -> container name or None
