@@ -1,7 +1,9 @@
 """load_audio: every accepted input kind and format against an analytic 440 Hz sine, and every rejected input."""
 import io
+import os
 import shutil
 import subprocess
+import threading
 import wave as wavefile
 
 import numpy as np
@@ -57,6 +59,11 @@ def stdlib_pcm(path):  # PCM WAV -> [N] float64 in [-1, 1], parsed by the standa
         b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
         return ((b[:, 0] << 8 | b[:, 1] << 16 | b[:, 2] << 24) >> 8) / 2.0 ** 23
     return np.frombuffer(raw, f"<i{width}").astype(np.float64) / 2.0 ** (8 * width - 1)
+
+
+@pytest.fixture
+def wav_bytes(tmp_path):
+    return write(tmp_path / "ok.wav", sine(SAMPLE_RATE), SAMPLE_RATE, "WAV", "PCM_16").read_bytes()
 
 
 def check_output(wave):
@@ -146,6 +153,17 @@ def test_path_bytes_file_object_and_array_inputs_agree(tmp_path):
         np.testing.assert_array_equal(wave, reference)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_named_pipe_is_read_whole(tmp_path, wav_bytes):
+    fifo = tmp_path / "pipe.wav"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_bytes, args=(wav_bytes,))
+    writer.start()
+    wave = load_audio(fifo)
+    writer.join()
+    np.testing.assert_array_equal(wave, load_audio(wav_bytes))
+
+
 def test_integer_arrays_are_scaled_to_unit_range():
     int32 = np.array([0, 2 ** 30, -2 ** 31] * 200, dtype=np.int32)
     np.testing.assert_array_equal(load_audio(int32, sample_rate=SAMPLE_RATE)[:3], [0.0, 0.5, -1.0])
@@ -160,11 +178,6 @@ def test_shortest_accepted_audio_is_one_25ms_frame():
     # 1197 samples at 48 kHz are 24.9 ms, 399 samples at 16 kHz: the rule applies after resampling.
     with pytest.raises(AudioError, match=r"\(399 samples at 16 kHz\), shorter than 25 ms"):
         load_audio(np.zeros(1197, np.float32), sample_rate=48000)
-
-
-@pytest.fixture
-def wav_bytes(tmp_path):
-    return write(tmp_path / "ok.wav", sine(SAMPLE_RATE), SAMPLE_RATE, "WAV", "PCM_16").read_bytes()
 
 
 def test_missing_file_and_directory(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from io import BytesIO
 
@@ -26,7 +27,7 @@ MIN_RATE, MAX_RATE = 1000, 768000
 INSTALL_FFMPEG = "install ffmpeg (apt install ffmpeg / brew install ffmpeg)"
 
 # Leading bytes of containers, for messages: which format a failed input claims to be.
-MAGIC = ((0, b"RIFF", "WAV"), (0, b"RF64", "WAV"), (0, b"fLaC", "FLAC"), (0, b"OggS", "OGG"),
+MAGIC = ((8, b"WAVE", "WAV"), (0, b"RF64", "WAV"), (0, b"fLaC", "FLAC"), (0, b"OggS", "OGG"),
          (0, b"ID3", "MP3"), (0, b"FORM", "AIFF"), (4, b"ftyp", "MP4/M4A"), (0, b"\x1aE\xdf\xa3", "WebM/Matroska"))
 FFMPEG_ONLY = {"MP4/M4A", "WebM/Matroska", "AAC"}
 FFMPEG_SUFFIXES = {".m4a", ".mp4", ".m4b", ".mov", ".webm", ".mkv", ".aac", ".wma", ".amr", ".3gp", ".ac3"}
@@ -126,11 +127,14 @@ def _from_path(path):  # -> ([N, C] float32, rate)
     if os.path.isdir(path):
         raise AudioError(f"{path}: is a directory, not an audio file")
     try:
+        mode, size = os.stat(path).st_mode, os.path.getsize(path)
         with open(path, "rb") as file:
-            head = file.read(16)
-        size = os.path.getsize(path)
+            # A pipe or device (/dev/stdin, a shell's <(...)) can be read once only, so it is read whole.
+            head = file.read(16) if stat.S_ISREG(mode) else file.read()
     except OSError as exc:
         raise AudioError(f"{path}: cannot read the file: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(mode):
+        return _from_bytes(head, path)
     if size == 0:
         raise AudioError(f"{path}: the file is empty (0 bytes)")
     return _decode_encoded(path, head, os.path.splitext(path)[1].lower(), path=path)
