@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from nanoasr.backend import array_module, to_numpy
 from nanoasr.model import decoder
 from nanoasr.model.config import TextConfig
@@ -45,8 +47,10 @@ class Generation:
     avg_logprob: float = 0.0
 
 
-def _greedy(logits):  # [B, vocab] -> (ids [B], log-probability of each choice [B]), host lists
+def _greedy(logits, suppress=()):  # [B, vocab] -> (ids [B], log-probability of each choice [B]), host lists
     xp = array_module(logits)
+    if suppress:  # forced decoding: stop tokens can never be chosen (as Transformers' min_new_tokens)
+        logits[:, list(suppress)] = -np.inf
     ids = xp.argmax(logits, axis=-1)
     top = xp.take_along_axis(logits, ids[:, None], axis=-1)[:, 0]
     logprob = -xp.log(xp.exp(logits - top[:, None]).sum(axis=-1))
@@ -68,8 +72,10 @@ def _finish(ids: list[int], budget: int, stop_ids, ignore_stop: bool) -> Generat
 def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, on_prefill=None):
     """embeds: list of [L_b, H] prompt embeddings; budgets: new tokens allowed each -> list[Generation].
 
-    `ignore_stop` decodes exactly `budget` tokens (reference comparisons, benchmarks).
+    `ignore_stop` decodes exactly `budget` tokens, never choosing a stop token (reference comparisons,
+    benchmarks).
     """
+    suppress = tuple(stop_ids) if ignore_stop else ()
     xp = array_module(embeds[0])
     n = len(embeds)
     cache = KVCache(cfg, n, max(len(e) + b for e, b in zip(embeds, budgets)), xp)
@@ -77,7 +83,7 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, o
     tokens, logprobs = [], []
     for b, e in enumerate(embeds):
         hidden = decoder.forward(e[None], w, cfg, cache, slice(b, b + 1), [0])
-        ids, lps = _greedy(decoder.logits(hidden, w))
+        ids, lps = _greedy(decoder.logits(hidden, w), suppress)
         tokens.append(ids)
         logprobs.append(lps)
     if on_prefill is not None:
@@ -104,7 +110,7 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, o
         last = [tokens[item_of_row[r]][-1] for r in range(active)]
         x = decoder.embed(last, w)[:, None, :]  # [B, 1, H]
         hidden = decoder.forward(x, w, cfg, cache, slice(0, active), cache.lengths[:active].copy())
-        ids, lps = _greedy(decoder.logits(hidden, w))
+        ids, lps = _greedy(decoder.logits(hidden, w), suppress)
         for r, (t, lp) in enumerate(zip(ids, lps)):
             tokens[item_of_row[r]].append(t)
             logprobs[item_of_row[r]].append(lp)

@@ -1,0 +1,71 @@
+"""The engine against pinned Transformers 5.23 references of the committed tiny checkpoint (no torch needed).
+
+tests/fixtures/tiny/reference.npz is written by tools/reference/fixture.py from Transformers'
+FunAsrNanoForConditionalGeneration; nothing in it comes from nanoasr.
+"""
+import numpy as np
+import pytest
+
+from engine_parity import cases, check_case, full_sequence_logits, stage_outputs
+from nanoasr.model import generate
+from tools.reference.dump import CASES, FORCED_TOKENS
+
+REFS = np.load(__import__("conftest").TINY / "reference.npz")
+PROMPTS = {name: options for name, _, _, options in CASES}
+
+
+@pytest.mark.parametrize("reference", ["funasr", "transformers"])
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_stages_logits_and_greedy_ids_match_transformers(tiny_model, reference, name):
+    ref = cases(REFS, reference)[name]
+    assert len(ref["greedy_ids"]) == FORCED_TOKENS > 64
+    ids = check_case(tiny_model, ref, reference, PROMPTS[name])
+    assert len(set(ids)) > 5, "the fixture's greedy output should not be one repeated token"
+
+
+def test_kv_cache_steps_equal_full_sequence_logits(tiny_model):
+    ref = cases(REFS, "funasr")["hotwords"]
+    ours = stage_outputs(tiny_model, ref["wave"], "funasr", PROMPTS["hotwords"])
+    from engine_parity import teacher_forced_logits
+
+    forced = ref["greedy_ids"][:12]
+    stepped = teacher_forced_logits(tiny_model, ours["embeds"], forced, len(forced) + 1)
+    full = full_sequence_logits(tiny_model, ours["embeds"], forced)
+    np.testing.assert_allclose(stepped, full, atol=1e-4, rtol=1e-4)
+
+
+def test_padded_batch_equals_one_at_a_time(tiny_model):
+    waves = [cases(REFS, "transformers")[name]["wave"] for name in PROMPTS]
+    feats, mask = tiny_model.features(waves, "transformers")
+    enc = tiny_model.encode(feats, mask)
+    adapted = tiny_model.adapt(enc, mask, "transformers")
+    for b, wave in enumerate(waves):
+        f1, m1 = tiny_model.features([wave], "transformers")
+        n = f1.shape[1]
+        e1 = tiny_model.encode(f1, m1)
+        np.testing.assert_allclose(enc[b, :n], e1[0], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(adapted[b, :n], tiny_model.adapt(e1, m1, "transformers")[0],
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_batched_generation_equals_sequential(tiny_model):
+    embeds, budgets = [], []
+    for name, (seconds, options) in zip(PROMPTS, [(c[1], c[3]) for c in CASES]):
+        ref = cases(REFS, "funasr")[name]
+        embeds.append(stage_outputs(tiny_model, ref["wave"], "funasr", options)["embeds"])
+        budgets.append(20 + 7 * len(budgets))  # different budgets: rows finish at different steps
+    w, cfg, stops = tiny_model.weights, tiny_model.config.text, tiny_model.tokenizer.stop_ids
+    together = generate.generate(embeds, budgets, w, cfg, stops, ignore_stop=True)
+    for e, b, g in zip(embeds, budgets, together):
+        alone = generate.generate([e], [b], w, cfg, stops, ignore_stop=True)[0]
+        assert g.ids == alone.ids and g.finish_reason == alone.finish_reason == "length"
+        assert g.avg_logprob == pytest.approx(alone.avg_logprob, abs=1e-4)
+
+
+def test_transcribe_returns_the_reference_ids(tiny_model):
+    ref = cases(REFS, "transformers")["short"]
+    result = tiny_model.transcribe(ref["wave"], sample_rate=16000, reference="transformers",
+                                   max_new_tokens=FORCED_TOKENS, ignore_stop=True)
+    assert list(result.segments[0].token_ids) == ref["greedy_ids"].tolist()
+    assert result.segments[0].finish_reason == "length"
+    assert result.duration_s == pytest.approx(1.0)

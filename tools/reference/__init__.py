@@ -1,0 +1,1 @@
+"""Reference probes: build random-weight checkpoints in the official layout and dump Transformers outputs."""

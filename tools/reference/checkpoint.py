@@ -1,0 +1,99 @@
+"""Random-weight Fun-ASR-Nano checkpoints in the official Hugging Face layout, written by Transformers itself.
+
+    python -m tools.reference.checkpoint OUT_DIR [--size tiny|full] [--seed N]
+
+Weights are redrawn at unit scale (matrices N(0, 1/fan_in), norms 1 + N(0, 0.1), biases N(0, 0.1),
+embeddings N(0, 0.01)) so the logits have a clear argmax and greedy ids are a sharp comparison; the
+initialiser's 0.02 scale would make every logit nearly equal. Stored in BF16, as the official file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+SIZES = {
+    # small widths, the full vocabulary and every structural feature: GQA (4 q / 2 kv heads), transcription
+    # and timestamp encoder layers, two adaptor blocks
+    "tiny": dict(
+        audio=dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=5,
+                   num_timestamp_prediction_layers=2),
+        adaptor=dict(hidden_size=16, num_attention_heads=2, intermediate_size=4, num_hidden_layers=2,
+                     projector_hidden_size=32),
+        text=dict(hidden_size=16, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8),
+    ),
+    "full": dict(audio={}, adaptor={}, text={}),  # Transformers' defaults are Fun-ASR-Nano-2512's sizes
+}
+TEXT_FULL = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, vocab_size=151936,
+                 rms_norm_eps=1e-6, tie_word_embeddings=True, rope_parameters={"rope_theta": 1e6,
+                                                                              "rope_type": "default"})
+
+
+def build_config(size: str):
+    from transformers import FunAsrNanoConfig
+
+    parts = SIZES[size]
+    text = dict(TEXT_FULL, **parts["text"])
+    adaptor = dict(dict(hidden_size=1024, intermediate_size=256), **parts["adaptor"])
+    return FunAsrNanoConfig(audio_config=dict(model_type="fun_asr_nano_encoder", **parts["audio"]),
+                            adaptor_config=adaptor, text_config=dict(model_type="qwen3", **text),
+                            tie_word_embeddings=True)
+
+
+# Token embeddings well below the layers' unit-scale outputs: with a dominant residual the tied head
+# maps each token back to itself and greedy output repeats one token, which would make a weak test.
+EMBED_STD = 0.1
+
+
+def randomize(model, seed: int) -> None:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if "embed_tokens" in name:
+                p.copy_(EMBED_STD * noise)
+            elif p.ndim == 1 and name.endswith("weight"):  # LayerNorm / RMSNorm gains
+                p.copy_(1 + 0.1 * noise)
+            elif p.ndim == 1:
+                p.copy_(0.1 * noise)
+            else:  # linear [out, in] and FSMN depthwise kernels [C, 1, k]
+                fan_in = math.prod(p.shape[1:])
+                p.copy_(noise / math.sqrt(fan_in))
+
+
+def build(out_dir, size: str = "tiny", seed: int = 0):
+    """Write config.json, model.safetensors (BF16) and tokenizer.json to `out_dir`; return the path."""
+    import torch
+    from transformers import FunAsrNanoForConditionalGeneration
+
+    from tools.reference.tokenizer import build_tokenizer_json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = FunAsrNanoForConditionalGeneration(build_config(size))
+    randomize(model, seed)
+    model.to(torch.bfloat16).save_pretrained(out)
+    (out / "tokenizer.json").write_text(build_tokenizer_json(), encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "Qwen2Tokenizer",
+                                                          "model_max_length": 40960}), encoding="utf-8")
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--size", choices=tuple(SIZES), default="tiny")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(build(args.out_dir, args.size, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
