@@ -5,7 +5,9 @@ from nanoasr.api import Options
 from nanoasr.model import decoder, generate, prompt
 from nanoasr.model.decoder import KVCache
 
-FEATURE_TOL = dict(atol=2e-4, rtol=2e-4)
+# Unit-scale log-mels (transformers profile) hold 2e-4; the x32768 scale of the funasr profile puts quiet
+# bins' float32 power sums at the edge of single precision, so it is held to kaldi-native-fbank's 1e-3.
+FEATURE_TOL = {"transformers": dict(atol=2e-4, rtol=2e-4), "funasr": dict(atol=1e-3, rtol=0)}
 STAGE_TOL = dict(atol=2e-3, rtol=2e-3)
 LOGIT_TOL = dict(atol=3e-3, rtol=3e-3)
 
@@ -35,7 +37,7 @@ def teacher_forced_logits(model, embeds, forced_ids, steps):  # -> [steps, vocab
 def check_case(model, ref, reference, prompt_options):
     """Every stage of one reference case; returns nanoasr's forced greedy ids."""
     ours = stage_outputs(model, ref["wave"], reference, prompt_options)
-    np.testing.assert_allclose(ours["features"], ref["features"], **FEATURE_TOL)
+    np.testing.assert_allclose(ours["features"], ref["features"], **FEATURE_TOL[reference])
     np.testing.assert_allclose(ours["encoder"], ref["encoder"], **STAGE_TOL)
     np.testing.assert_allclose(ours["adaptor"], ref["adaptor"], **STAGE_TOL)
     np.testing.assert_array_equal(ours["prompt_ids"], ref["prompt_ids"])
