@@ -1,14 +1,21 @@
-"""python -m nanoasr: transcripts on stdout, progress and errors on stderr.
+"""python -m nanoasr: transcripts on stdout, progress, warnings and errors on stderr.
 
-Sub-commands (`models`, `doctor`, `convert`, `serve`) live in their own modules, imported on use.
+Exit status: 0 when every input was transcribed, 1 when any failed (one stderr line each, the rest are
+still processed) or the model could not be loaded, 2 for a usage error. Sub-commands (`models`,
+`doctor`, `convert`, `serve`) live in their own modules, imported on use.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from nanoasr.errors import NanoasrError
+from nanoasr.writers import FORMATS
 
 SUBCOMMANDS = {
     "models": "nanoasr.cli_models",
@@ -16,53 +23,350 @@ SUBCOMMANDS = {
     "convert": "nanoasr.cli_convert",
     "serve": "nanoasr.server",
 }
+# What a directory argument contributes: the files whose suffix some decoder reads (ffmpeg for the video
+# containers), so notes, images and transcripts lying beside the audio are not reported as failures.
+AUDIO_SUFFIXES = frozenset(
+    ".wav .flac .ogg .oga .opus .mp3 .aiff .aif .m4a .m4b .mp4 .aac .webm .mkv .mka .mov .wma .amr .3gp .ac3"
+    .split())
+STDIN = "-"
+EPILOG = """\
+Without -o, each transcript is printed on stdout in the -f format (txt: its text on one line; json:
+one JSON object per line). With -o DIR, files DIR/<name>.<format> are written (existing ones are
+replaced; --skip-existing skips inputs whose outputs all exist) and the text still goes to stdout.
+Segment times come from the segmenter (speech stretches of at most 30 s); there are no word timings.
+Exit status: 0 all inputs transcribed, 1 some failed, 2 usage error.
+"""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default; None and False read as 'none' and 'off'."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default:" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        default = action.default
+        if default is None or default == []:
+            default = "none"
+        elif default is False:
+            default = "off"
+        elif default is True:
+            default = "on"
+        return f"{text} (default: {default})"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nanoasr",
-        description="Offline speech-to-text with Fun-ASR-Nano. Other commands: "
-                    + ", ".join(f"'nanoasr {name} --help'" for name in SUBCOMMANDS),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Offline speech-to-text with Fun-ASR-Nano.\nOther commands: "
+                    + ", ".join(f"nanoasr {name}" for name in SUBCOMMANDS) + " (each has --help).",
+        epilog=EPILOG, formatter_class=_HelpFormatter,
     )
-    parser.add_argument("audio", nargs="+", help="audio files to transcribe")
-    parser.add_argument("--model", default=None,
-                        help="checkpoint directory or .gguf file, hub id org/repo[@revision], or package name "
-                             "(default: the official safetensors package at its pinned revision)")
-    parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="where to run")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    parser.add_argument("--language", default=None, help="zh, en, ja (codes, English or Chinese names) or auto")
-    parser.add_argument("--no-itn", dest="itn", action="store_false", help="no inverse text normalisation")
-    parser.add_argument("--hotword", action="append", default=[], help="a word to favour (repeatable)")
-    parser.add_argument("--context", default=None, help="free text describing the recording")
-    parser.add_argument("--reference", default="funasr", choices=("funasr", "transformers"),
-                        help="numerics profile to follow")
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="token budget per segment (default: scaled to its duration, at most 512)")
+    parser.add_argument("audio", nargs="+",
+                        help="audio files, directories (their audio files) or '-' for audio on stdin")
+    parser.add_argument("--version", action="version", version=f"nanoasr {_version()}")
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", default=None,
+                       help="checkpoint directory or .gguf file, hub id org/repo[@revision], or package name "
+                            "(default: the official safetensors package at its pinned revision)")
+    model.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="where to run")
+    model.add_argument("--threads", type=int, default=None, metavar="N",
+                       help="CPU threads for numba and BLAS (default: all cores)")
+    decoding = parser.add_argument_group("transcription")
+    decoding.add_argument("--language", default=None,
+                          help="zh, en or ja (codes, English or Chinese names); auto or none detects it")
+    decoding.add_argument("--itn", action=argparse.BooleanOptionalAction, default=True,
+                          help="inverse text normalisation: punctuation, digits; --no-itn gives spoken forms")
+    decoding.add_argument("--hotword", action="append", default=[], metavar="WORD",
+                          help="a word or name to favour, best-effort (repeatable)")
+    decoding.add_argument("--hotwords-file", default=None, metavar="FILE",
+                          help="UTF-8 file of hotwords, one per line; blank lines and '#' comments skipped")
+    decoding.add_argument("--context", default=None, help="free text describing the recording")
+    decoding.add_argument("--reference", default="funasr", choices=("funasr", "transformers"),
+                          help="numerics profile to follow")
+    decoding.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                          help="token budget per segment (default: scaled to its duration, at most 512)")
+    output = parser.add_argument_group("input and output")
+    output.add_argument("-f", "--output-format", default="txt", metavar="FORMAT",
+                        help=f"{', '.join(FORMATS)} or all; several separated by commas")
+    output.add_argument("-o", "--output-dir", default=None, metavar="DIR",
+                        help="write one file per input and format here, created if missing "
+                             "(default: none, print on stdout)")
+    output.add_argument("-r", "--recursive", action="store_true",
+                        help="directories: also the audio files in their subdirectories")
+    output.add_argument("--skip-existing", action="store_true",
+                        help="with -o: skip an input whose output files all exist already")
+    output.add_argument("-v", "--verbose", action="store_true",
+                        help="progress as log lines even when stderr is not a terminal, with each segment")
+    output.add_argument("-q", "--quiet", action="store_true", help="no progress bar, even on a terminal")
     return parser
 
+
+def _version() -> str:
+    from nanoasr import __version__
+
+    return __version__
+
+
+# --- inputs and outputs ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Item:
+    """One input: what load_audio reads, the name errors use, and its output path without suffix."""
+
+    source: object
+    label: str
+    stem: Path
+
+
+def expand_inputs(args, parser) -> tuple[list[Item], list[str]]:
+    """Items for the positional arguments, and a failure line for each directory without audio."""
+    if args.audio.count(STDIN) > 1:
+        parser.error("'-' (stdin) can be given once only")
+    items, failures = [], []
+    for arg in args.audio:
+        if arg == STDIN:
+            items.append(Item(sys.stdin.buffer, "<stdin>", Path("stdin")))
+        elif Path(arg).is_dir():
+            found = _audio_files(Path(arg), args.recursive)
+            if not found:
+                where = "in it or its subdirectories" if args.recursive else "directly in it (see --recursive)"
+                failures.append(f"{arg}: a directory with no audio files {where}")
+            items.extend(Item(str(f), str(f), f.relative_to(arg).with_suffix("")) for f in found)
+        else:
+            items.append(Item(arg, arg, Path(Path(arg).stem)))
+    return items, failures
+
+
+def _audio_files(folder: Path, recursive: bool) -> list[Path]:
+    candidates = folder.rglob("*") if recursive else folder.iterdir()
+    return sorted(p for p in candidates
+                  if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file()
+                  and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+
+
+def parse_formats(text: str, parser) -> tuple[str, ...]:
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if "all" in names:
+        return FORMATS
+    bad = [n for n in names if n not in FORMATS]
+    if bad or not names:
+        parser.error(f"-f/--output-format must be {', '.join(FORMATS)} or all (comma-separated); got {text!r}")
+    return tuple(dict.fromkeys(names))
+
+
+def check_collisions(items: list[Item], out_dir: Path, parser) -> None:
+    seen = {}
+    for item in items:
+        other = seen.setdefault(item.stem, item.label)
+        if other != item.label:
+            parser.error(f"{other} and {item.label} would both write {out_dir / item.stem}.*; "
+                         "give them separately with different -o directories")
+
+
+def read_hotwords(path: str, parser) -> list[str]:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        parser.error(f"--hotwords-file {path}: cannot read it as UTF-8 text: {exc}")
+    return [s for s in (line.strip() for line in lines) if s and not s.startswith("#")]
+
+
+def render(transcript, fmt: str, label: str, compact: bool) -> str:
+    from nanoasr import writers
+
+    if fmt != "json":
+        return writers.render(transcript, fmt)
+    out = dict(source=label, **transcript.to_dict())
+    return json.dumps(out, ensure_ascii=False, indent=None if compact else 2) + "\n"
+
+
+# --- progress on stderr ----------------------------------------------------------------------------------
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+
+class Progress:
+    """A bar rewritten in place on a terminal; with `verbose`, log lines instead (any stderr)."""
+
+    WIDTH = 24
+
+    def __init__(self, stream, bar: bool, verbose: bool):
+        self.stream, self.bar, self.verbose = stream, bar and not verbose, verbose
+        self.drawn = False
+        self.index = self.total = 0
+        self.label, self.duration = "", 0.0
+
+    def start(self, index: int, total: int, label: str, duration: float):
+        self.index, self.total, self.label, self.duration = index, total, label, duration
+        if self.verbose:
+            self.line(f"nanoasr: [{index}/{total}] {label}: {duration:.1f} s of audio")
+        self.draw(0.0)
+
+    def segment(self, segment):
+        if self.verbose:
+            self.line(f"[{_clock(segment.start)} --> {_clock(segment.end)}] {segment.text.strip()}")
+        self.draw(segment.end)
+
+    def draw(self, done_s: float):
+        if not self.bar:
+            return
+        fraction = min(done_s / self.duration, 1.0) if self.duration > 0 else 1.0
+        filled = int(round(fraction * self.WIDTH))
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        name = self.label if len(self.label) <= 40 else "..." + self.label[-37:]
+        self.stream.write(f"\r\x1b[K[{self.index}/{self.total}] {name} |{bar}| {fraction:4.0%} "
+                          f"{_clock(done_s)}/{_clock(self.duration)}")
+        self.stream.flush()
+        self.drawn = True
+
+    def line(self, text: str):
+        """A whole line on stderr (an error, a warning, a log line) without breaking the bar."""
+        self.clear()
+        print(text, file=self.stream, flush=True)
+
+    def clear(self):
+        if self.drawn:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.drawn = False
+
+
+def truncation_warning(segments: list, n_files: int) -> str | None:
+    """One line counting the segments that stopped early, or None when none did."""
+    cut = [s for s in segments if s.truncated]
+    if not cut:
+        return None
+    length = sum(s.finish_reason == "length" for s in cut)
+    repetition = len(cut) - length
+    files = f" in {n_files} file{'s' if n_files != 1 else ''}" if n_files else ""
+    hint = "; --max-new-tokens raises the budget" if length else ""
+    return (f"nanoasr: warning: {len(cut)} of {len(segments)} segments{files} stopped early "
+            f"({length} at the token budget, {repetition} by the repetition guard), so their text may be "
+            f"incomplete; finish_reason marks them in -f json output{hint}")
+
+
+# --- main ------------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in SUBCOMMANDS:
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    formats, options = _check_usage(args, parser)
+    items, failures = expand_inputs(args, parser)
+    out_dir = Path(args.output_dir) if args.output_dir is not None else None
+    if out_dir is not None:
+        check_collisions(items, out_dir, parser)
+    progress = Progress(sys.stderr, bar=sys.stderr.isatty() and not args.quiet, verbose=args.verbose)
+    for line in failures:
+        progress.line(f"nanoasr: error: {line}")
+    try:
+        return _run(args, items, formats, options, out_dir, progress, failed=len(failures))
+    except KeyboardInterrupt:
+        progress.line("nanoasr: interrupted")
+        return 130
+
+
+def _check_usage(args, parser) -> tuple[tuple[str, ...], dict]:
+    from nanoasr.api import Options
+
+    formats = parse_formats(args.output_format, parser)
+    if args.output_dir is None and len(formats) > 1:
+        parser.error("several output formats (or all) write files: give -o DIR")
+    if args.skip_existing and args.output_dir is None:
+        parser.error("--skip-existing needs -o DIR: it skips inputs whose files there exist")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1; got {args.threads}")
+    hotwords = list(args.hotword)
+    if args.hotwords_file is not None:
+        hotwords += read_hotwords(args.hotwords_file, parser)
+    options = dict(language=args.language, itn=args.itn, hotwords=tuple(hotwords), context=args.context,
+                   reference=args.reference, max_new_tokens=args.max_new_tokens)
+    try:
+        Options(**options)
+    except NanoasrError as exc:
+        parser.error(str(exc))
+    return formats, options
+
+
+def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
     from nanoasr.api import Model
 
+    todo = [it for it in items if not (args.skip_existing and _outputs_exist(it, formats, out_dir))]
+    for item in items:
+        if item not in todo and args.verbose:
+            progress.line(f"nanoasr: {item.label}: skipped, its outputs exist")
+    if not todo:
+        return 1 if failed else 0
+    start = time.perf_counter()
     try:
         model = Model.load(args.model, device=args.device, threads=args.threads)
     except NanoasrError as exc:
-        print(f"nanoasr: error: {exc}", file=sys.stderr)
+        progress.line(f"nanoasr: error: {exc}")
         return 1
-    failed = 0
-    for path in args.audio:
-        try:
-            result = model.transcribe(path, language=args.language, itn=args.itn, hotwords=args.hotword,
-                                      context=args.context, reference=args.reference,
-                                      max_new_tokens=args.max_new_tokens)
-        except NanoasrError as exc:
-            print(f"nanoasr: error: {path}: {exc}", file=sys.stderr)
+    if args.verbose:
+        progress.line(f"nanoasr: model loaded in {time.perf_counter() - start:.1f} s")
+    segments = []
+    files_cut = 0
+    for index, item in enumerate(todo, 1):
+        transcript = _transcribe_one(model, item, index, len(todo), options, progress)
+        if transcript is None:
             failed += 1
             continue
-        print(result.text, flush=True)
+        try:
+            _emit(transcript, item, formats, out_dir, progress)
+        except OSError as exc:
+            progress.line(f"nanoasr: error: {item.label}: cannot write its output: {exc}")
+            failed += 1
+            continue
+        segments.extend(transcript.segments)
+        files_cut += any(s.truncated for s in transcript.segments)
+    warning = truncation_warning(segments, files_cut)
+    if warning:
+        progress.line(warning)
+    progress.clear()
     return 1 if failed else 0
+
+
+def _transcribe_one(model, item: Item, index: int, total: int, options: dict, progress):
+    from nanoasr.audio.io import SAMPLE_RATE, load_audio
+
+    started = time.perf_counter()
+    try:
+        wave = load_audio(item.source)
+        progress.start(index, total, item.label, len(wave) / SAMPLE_RATE)
+        transcript = model.transcribe(wave, sample_rate=SAMPLE_RATE, on_segment=progress.segment, **options)
+    except NanoasrError as exc:
+        message = str(exc)
+        named = message if message.startswith(item.label) else f"{item.label}: {message}"
+        progress.line(f"nanoasr: error: {named}")
+        return None
+    if progress.verbose:
+        progress.line(f"nanoasr: {item.label}: {transcript.duration_s:.1f} s of audio in "
+                      f"{time.perf_counter() - started:.1f} s, {len(transcript.segments)} segments")
+    return transcript
+
+
+def _outputs_exist(item: Item, formats, out_dir: Path) -> bool:
+    return all((out_dir / f"{item.stem}.{fmt}").is_file() for fmt in formats)
+
+
+def _emit(transcript, item: Item, formats, out_dir, progress) -> None:
+    """Files under `out_dir` when given; on stdout the text on one line, or the chosen format without -o."""
+    if out_dir is not None:
+        for fmt in formats:
+            path = out_dir / f"{item.stem}.{fmt}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(render(transcript, fmt, item.label, compact=False), encoding="utf-8")
+    if out_dir is not None or formats[0] == "txt":
+        text = transcript.text + "\n"
+    else:
+        text = render(transcript, formats[0], item.label, compact=True)
+    progress.clear()
+    sys.stdout.write(text)
+    sys.stdout.flush()
