@@ -1,0 +1,1 @@
+"""Compute kernels. Submodules import numba (cpu) or CuPy on first use only; nothing here imports them."""

@@ -1,0 +1,548 @@
+"""Numba CPU kernels over weights in their stored type: x @ W.T for a few rows of x, and widening to float32.
+
+Layouts are GGUF's (gguf.quants is the oracle): q8_0 blocks of 32 (f16 d, 32 int8), q4_k blocks of 256
+(f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles), q6_k blocks of 256 (128 bytes of low
+nibbles, 64 bytes of high 2-bit pairs, 16 int8 scales, f16 d).
+
+Numba leaves LLVM's SLP vectoriser off, and its loop vectoriser unrolls the 32-element loop inside a block and
+then vectorises across blocks with gathers, so the per-block work is written as explicit LLVM vector code
+(`_dot_*`, `_put_*`: one 16/32-element load, decode, multiply and sum or store). Dense rows use plain flat loops,
+which the loop vectoriser handles. Importing this module compiles nothing; each kernel compiles on its first call
+and is cached on disk (cache=True).
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+QK = {"q8_0": (32, 34), "q4_k": (256, 144), "q6_k": (256, 210)}
+_STORED = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "q8_0": np.uint8, "q4_k": np.uint8,
+           "q6_k": np.uint8}
+_REASSOC = {"reassoc", "contract"}  # lets the vectoriser keep per-lane partial sums; widening stays exact
+
+_F32 = ir.FloatType()
+_I8 = ir.IntType(8)
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+
+
+# ---- LLVM vector building blocks (arguments: uint8 row, byte offsets, float32 row, element offsets) ----
+
+def _at(context, builder, aryty, ary, off, elty, n):
+    """Pointer to n elements of elty at element offset `off` of a contiguous array (unaligned)."""
+    data = context.make_array(aryty)(context, builder, ary).data
+    return builder.bitcast(builder.gep(data, [off]), ir.PointerType(ir.VectorType(elty, n)))
+
+
+def _load(builder, ptr):
+    v = builder.load(ptr)
+    v.align = 1
+    return v
+
+
+def _splat(builder, value, elty, n):
+    vec = builder.insert_element(ir.Constant(ir.VectorType(elty, n), ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(_I32, n), [0] * n))
+
+
+def _halves(builder, lo, hi, n):
+    """<2n x float> whose first n lanes are `lo` and last n lanes are `hi`."""
+    return builder.shuffle_vector(_splat(builder, lo, _F32, n), _splat(builder, hi, _F32, n),
+                                  ir.Constant(ir.VectorType(_I32, 2 * n), [0] * n + [n] * n))
+
+
+def _hsum(builder, v, n):
+    """Pairwise sum of the n lanes of v."""
+    while n > 1:
+        n //= 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
+        v = builder.fadd(lo, hi)
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+def _bytes(context, builder, sig, args, i, n):
+    return _load(builder, _at(context, builder, sig.args[i], args[i], args[i + 1], _I8, n))
+
+
+def _nibbles(builder, v, shift, n):
+    """(v >> shift) & 15 of a <n x i8> vector, as float."""
+    v = builder.and_(builder.lshr(v, _splat(builder, builder.trunc(shift, _I8), _I8, n)),
+                     ir.Constant(ir.VectorType(_I8, n), [15] * n))
+    return builder.uitofp(v, ir.VectorType(_F32, n))
+
+
+def _q6(context, builder, sig, args, n):
+    """Q6_K values (ql nibble | qh pair << 4) - 32 as float; args: q, ql_off, ql_shift, qh_off, qh_shift."""
+    vt = ir.VectorType(_I8, n)
+    ql = _load(builder, _at(context, builder, sig.args[0], args[0], args[1], _I8, n))
+    qh = _load(builder, _at(context, builder, sig.args[0], args[0], args[3], _I8, n))
+    lo = builder.and_(builder.lshr(ql, _splat(builder, builder.trunc(args[2], _I8), _I8, n)),
+                      ir.Constant(vt, [15] * n))
+    hi = builder.and_(builder.lshr(qh, _splat(builder, builder.trunc(args[4], _I8), _I8, n)),
+                      ir.Constant(vt, [3] * n))
+    q = builder.sub(builder.or_(lo, builder.shl(hi, ir.Constant(vt, [4] * n))), ir.Constant(vt, [32] * n))
+    return builder.sitofp(q, ir.VectorType(_F32, n))
+
+
+def _floats(context, builder, sig, args, i, n):
+    return _load(builder, _at(context, builder, sig.args[i], args[i], args[i + 1], _F32, n))
+
+
+def _store(context, builder, sig, args, i, value, n):
+    builder.store(value, _at(context, builder, sig.args[i], args[i], args[i + 1], _F32, n)).align = 1
+
+
+@intrinsic
+def _f16_at(typingctx, q, off):
+    """The f16 stored at byte `off` of q, as float32 (exact)."""
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.PointerType(_I16))
+        bits = builder.zext(_load(builder, ptr), _I32)
+        # through a zeroed vector, so the conversion does not wait on whatever last used the register
+        vec = builder.insert_element(ir.Constant(ir.VectorType(_I32, 4), None), bits, ir.Constant(_I32, 0))
+        half = builder.bitcast(vec, ir.VectorType(ir.HalfType(), 8))
+        four = builder.shuffle_vector(half, half, ir.Constant(ir.VectorType(_I32, 4), [0, 1, 2, 3]))
+        return builder.extract_element(builder.fpext(four, ir.VectorType(_F32, 4)), ir.Constant(_I32, 0))
+    return types.float32(q, off), codegen
+
+
+@intrinsic
+def _h2f(typingctx, bits):
+    """f16 bits (uint16) to float32 (exact; signalling NaNs come back quiet)."""
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), _F32)
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def _bf2f(typingctx, bits):
+    """bf16 bits (uint16) to float32: the top half of the float32."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.shl(builder.zext(args[0], _I32), ir.Constant(_I32, 16)), _F32)
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def _dot_i8(typingctx, q, qoff, x, xoff):
+    """sum_k int8(q[qoff+k]) * x[xoff+k], k < 32."""
+    def codegen(context, builder, sig, args):
+        qf = builder.sitofp(_bytes(context, builder, sig, args, 0, 32), ir.VectorType(_F32, 32))
+        return _hsum(builder, builder.fmul(qf, _floats(context, builder, sig, args, 2, 32)), 32)
+    return types.float32(q, qoff, x, xoff), codegen
+
+
+@intrinsic
+def _put_i8(typingctx, q, qoff, d, out, ooff):
+    """out[ooff+k] = int8(q[qoff+k]) * d, k < 32."""
+    def codegen(context, builder, sig, args):
+        qf = builder.sitofp(_bytes(context, builder, sig, args, 0, 32), ir.VectorType(_F32, 32))
+        _store(context, builder, sig, args, 3, builder.fmul(qf, _splat(builder, args[2], _F32, 32)), 32)
+        return context.get_dummy_value()
+    return types.none(q, qoff, d, out, ooff), codegen
+
+
+@intrinsic
+def _dot_nib(typingctx, q, qoff, shift, x, xoff):
+    """sum_k ((q[qoff+k] >> shift) & 15) * x[xoff+k], k < 32."""
+    def codegen(context, builder, sig, args):
+        qf = _nibbles(builder, _bytes(context, builder, sig, args, 0, 32), args[2], 32)
+        return _hsum(builder, builder.fmul(qf, _floats(context, builder, sig, args, 3, 32)), 32)
+    return types.float32(q, qoff, shift, x, xoff), codegen
+
+
+@intrinsic
+def _put_nib(typingctx, q, qoff, shift, d, m, out, ooff):
+    """out[ooff+k] = d * ((q[qoff+k] >> shift) & 15) - m, k < 32 (multiply, then subtract: as gguf)."""
+    def codegen(context, builder, sig, args):
+        qf = _nibbles(builder, _bytes(context, builder, sig, args, 0, 32), args[2], 32)
+        v = builder.fsub(builder.fmul(_splat(builder, args[3], _F32, 32), qf), _splat(builder, args[4], _F32, 32))
+        _store(context, builder, sig, args, 5, v, 32)
+        return context.get_dummy_value()
+    return types.none(q, qoff, shift, d, m, out, ooff), codegen
+
+
+@intrinsic
+def _dot_q6(typingctx, q, qloff, qlshift, qhoff, qhshift, s0, s1, x, xoff):
+    """sum_k s_k * q6_k * x[xoff+k], k < 32, with s_k = s0 for k < 16 and s1 after."""
+    def codegen(context, builder, sig, args):
+        qs = builder.fmul(_q6(context, builder, sig, args, 32), _halves(builder, args[5], args[6], 16))
+        return _hsum(builder, builder.fmul(qs, _floats(context, builder, sig, args, 7, 32)), 32)
+    return types.float32(q, qloff, qlshift, qhoff, qhshift, s0, s1, x, xoff), codegen
+
+
+@intrinsic
+def _put_q6(typingctx, q, qloff, qlshift, qhoff, qhshift, s0, s1, out, ooff):
+    """out[ooff+k] = s_k * q6_k, k < 32, with s_k = s0 for k < 16 and s1 after."""
+    def codegen(context, builder, sig, args):
+        v = builder.fmul(_halves(builder, args[5], args[6], 16), _q6(context, builder, sig, args, 32))
+        _store(context, builder, sig, args, 7, v, 32)
+        return context.get_dummy_value()
+    return types.none(q, qloff, qlshift, qhoff, qhshift, s0, s1, out, ooff), codegen
+
+
+# ---- per-row decoding (exact, shared by widen and the batched product) ----
+
+@njit(cache=True)
+def _row_f16(row, w):  # row uint16 [cols] -> w float32 [cols]
+    for c in range(row.shape[0]):
+        w[c] = _h2f(row[c])
+
+
+@njit(cache=True)
+def _row_bf16(row, w):  # row uint16 [cols] -> w float32 [cols]
+    for c in range(row.shape[0]):
+        w[c] = _bf2f(row[c])
+
+
+@njit(cache=True)
+def _row_q8_0(row, w):  # row uint8 [nb*34] -> w float32 [nb*32]
+    for b in range(w.shape[0] // 32):
+        _put_i8(row, b * 34 + 2, _f16_at(row, b * 34), w, b * 32)
+
+
+@njit(cache=True)
+def _scale_min(row, o, j):
+    """The 6-bit scale and min of sub-block j of the Q4_K block at byte o (its 12 scale bytes at o+4)."""
+    s = o + 4
+    if j < 4:
+        return row[s + j] & 63, row[s + j + 4] & 63
+    return (row[s + j + 4] & 15) | ((row[s + j - 4] >> 6) << 4), (row[s + j + 4] >> 4) | ((row[s + j] >> 6) << 4)
+
+
+@njit(cache=True)
+def _row_q4_k(row, w):  # row uint8 [nb*144] -> w float32 [nb*256]
+    for b in range(w.shape[0] // 256):
+        o = b * 144
+        d = _f16_at(row, o)
+        dmin = _f16_at(row, o + 2)
+        for j in range(8):
+            sc, m = _scale_min(row, o, j)
+            _put_nib(row, o + 16 + 32 * (j >> 1), 4 * (j & 1), d * np.float32(sc), dmin * np.float32(m),
+                     w, b * 256 + 32 * j)
+
+
+@njit(cache=True)
+def _row_q6_k(row, w):  # row uint8 [nb*210] -> w float32 [nb*256]
+    for b in range(w.shape[0] // 256):
+        o = b * 210
+        d = _f16_at(row, o + 208)
+        for h in range(2):
+            for g in range(4):
+                s = o + 192 + 8 * h + 2 * g
+                _put_q6(row, o + 64 * h + 32 * (g & 1), 4 * (g >> 1), o + 128 + 32 * h, 2 * g,
+                        d * np.float32(np.int8(row[s])), d * np.float32(np.int8(row[s + 1])),
+                        w, b * 256 + 128 * h + 32 * g)
+
+
+# ---- widen: every row into the caller's float32 buffer ----
+
+@njit(parallel=True, cache=True)
+def _widen_f16(data, out):
+    for r in prange(data.shape[0]):
+        _row_f16(data[r], out[r])
+
+
+@njit(parallel=True, cache=True)
+def _widen_bf16(data, out):
+    for r in prange(data.shape[0]):
+        _row_bf16(data[r], out[r])
+
+
+@njit(parallel=True, cache=True)
+def _widen_q8_0(data, out):
+    for r in prange(data.shape[0]):
+        _row_q8_0(data[r], out[r])
+
+
+@njit(parallel=True, cache=True)
+def _widen_q4_k(data, out):
+    for r in prange(data.shape[0]):
+        _row_q4_k(data[r], out[r])
+
+
+@njit(parallel=True, cache=True)
+def _widen_q6_k(data, out):
+    for r in prange(data.shape[0]):
+        _row_q6_k(data[r], out[r])
+
+
+@njit(parallel=True, cache=True)
+def _widen_f32(data, out):
+    for r in prange(data.shape[0]):
+        out[r] = data[r]
+
+
+# ---- one row of x: the stored row is read once, block by block ----
+
+@njit(fastmath=_REASSOC, cache=True)
+def _dot(w, x):  # w, x float32 [cols] -> float32
+    acc = np.float32(0)
+    for c in range(w.shape[0]):
+        acc += w[c] * x[c]
+    return acc
+
+
+@njit(fastmath=_REASSOC, cache=True)
+def _dot_f16(row, x):  # row uint16 [cols], x float32 [cols]
+    acc = np.float32(0)
+    for c in range(row.shape[0]):
+        acc += _h2f(row[c]) * x[c]
+    return acc
+
+
+@njit(fastmath=_REASSOC, cache=True)
+def _dot_bf16(row, x):  # row uint16 [cols], x float32 [cols]
+    acc = np.float32(0)
+    for c in range(row.shape[0]):
+        acc += _bf2f(row[c]) * x[c]
+    return acc
+
+
+@njit(cache=True)
+def _dot_q8_0(row, x):  # row uint8 [nb*34], x float32 [nb*32]
+    nb = x.shape[0] // 32
+    a0 = np.float32(0)
+    a1 = np.float32(0)  # two chains, so the adds of neighbouring blocks overlap
+    for b in range(0, nb - 1, 2):
+        a0 += _f16_at(row, b * 34) * _dot_i8(row, b * 34 + 2, x, b * 32)
+        a1 += _f16_at(row, b * 34 + 34) * _dot_i8(row, b * 34 + 36, x, b * 32 + 32)
+    if nb & 1:
+        a0 += _f16_at(row, nb * 34 - 34) * _dot_i8(row, nb * 34 - 32, x, nb * 32 - 32)
+    return a0 + a1
+
+
+@njit(cache=True)
+def _dot_q4_k(row, x, xsum):  # row uint8 [nb*144], x float32 [nb*256], xsum float32 [nb*8]: sums of x per 32
+    acc = np.float32(0)
+    for b in range(x.shape[0] // 256):
+        o = b * 144
+        d = _f16_at(row, o)
+        dmin = _f16_at(row, o + 2)
+        qx = np.float32(0)
+        mx = np.float32(0)
+        for j in range(8):
+            sc, m = _scale_min(row, o, j)
+            qx += np.float32(sc) * _dot_nib(row, o + 16 + 32 * (j >> 1), 4 * (j & 1), x, b * 256 + 32 * j)
+            mx += np.float32(m) * xsum[b * 8 + j]
+        acc += d * qx - dmin * mx
+    return acc
+
+
+@njit(cache=True)
+def _dot_q6_k(row, x):  # row uint8 [nb*210], x float32 [nb*256]
+    acc = np.float32(0)
+    for b in range(x.shape[0] // 256):
+        o = b * 210
+        qx = np.float32(0)
+        for h in range(2):
+            for g in range(4):
+                s = o + 192 + 8 * h + 2 * g
+                qx += _dot_q6(row, o + 64 * h + 32 * (g & 1), 4 * (g >> 1), o + 128 + 32 * h, 2 * g,
+                              np.float32(np.int8(row[s])), np.float32(np.int8(row[s + 1])), x,
+                              b * 256 + 128 * h + 32 * g)
+        acc += _f16_at(row, o + 208) * qx
+    return acc
+
+
+@njit(fastmath=_REASSOC, cache=True)
+def _sums32(x, xsum):  # x float32 [cols] -> xsum float32 [cols // 32]
+    for g in range(xsum.shape[0]):
+        s = np.float32(0)
+        for k in range(32):
+            s += x[32 * g + k]
+        xsum[g] = s
+
+
+@njit(parallel=True, cache=True)
+def _mv1_f32(x, data, out):  # x [cols], data [rows, cols] -> out [rows]
+    for r in prange(data.shape[0]):
+        out[r] = _dot(data[r], x)
+
+
+@njit(parallel=True, cache=True)
+def _mv1_f16(x, data, out):
+    for r in prange(data.shape[0]):
+        out[r] = _dot_f16(data[r], x)
+
+
+@njit(parallel=True, cache=True)
+def _mv1_bf16(x, data, out):
+    for r in prange(data.shape[0]):
+        out[r] = _dot_bf16(data[r], x)
+
+
+@njit(parallel=True, cache=True)
+def _mv1_q8_0(x, data, out):
+    for r in prange(data.shape[0]):
+        out[r] = _dot_q8_0(data[r], x)
+
+
+@njit(parallel=True, cache=True)
+def _mv1_q4_k(x, data, out):
+    xsum = np.empty(x.shape[0] // 32, np.float32)
+    _sums32(x, xsum)
+    for r in prange(data.shape[0]):
+        out[r] = _dot_q4_k(data[r], x, xsum)
+
+
+@njit(parallel=True, cache=True)
+def _mv1_q6_k(x, data, out):
+    for r in prange(data.shape[0]):
+        out[r] = _dot_q6_k(data[r], x)
+
+
+# ---- several rows of x: widen one stored row into a small buffer, then four dot products per pass ----
+
+_CHUNK = 16  # rows per parallel task: each task allocates one row buffer
+
+
+@njit(fastmath=_REASSOC, cache=True)
+def _dot4(w, x, b, out, r):  # w float32 [cols], x float32 [B4, cols]: out[b:b+4, r] = x[b:b+4] @ w
+    a0 = np.float32(0)
+    a1 = np.float32(0)
+    a2 = np.float32(0)
+    a3 = np.float32(0)
+    x0, x1, x2, x3 = x[b], x[b + 1], x[b + 2], x[b + 3]
+    for c in range(w.shape[0]):
+        wc = w[c]
+        a0 += wc * x0[c]
+        a1 += wc * x1[c]
+        a2 += wc * x2[c]
+        a3 += wc * x3[c]
+    out[b, r] = a0
+    out[b + 1, r] = a1
+    out[b + 2, r] = a2
+    out[b + 3, r] = a3
+
+
+@njit(cache=True)
+def _rows(x, w, out, r):  # all four-row groups of x against the widened row w
+    for b in range(0, x.shape[0], 4):
+        _dot4(w, x, b, out, r)
+
+
+@njit(parallel=True, cache=True)
+def _mvb_f32(x, data, out):  # x [B4, cols], data [rows, cols] -> out [B4, rows]
+    for r in prange(data.shape[0]):
+        _rows(x, data[r], out, r)
+
+
+@njit(parallel=True, cache=True)
+def _mvb_f16(x, data, out):
+    rows = data.shape[0]
+    for t in prange((rows + _CHUNK - 1) // _CHUNK):
+        w = np.empty(x.shape[1], np.float32)
+        for r in range(t * _CHUNK, min(rows, (t + 1) * _CHUNK)):
+            _row_f16(data[r], w)
+            _rows(x, w, out, r)
+
+
+@njit(parallel=True, cache=True)
+def _mvb_bf16(x, data, out):
+    rows = data.shape[0]
+    for t in prange((rows + _CHUNK - 1) // _CHUNK):
+        w = np.empty(x.shape[1], np.float32)
+        for r in range(t * _CHUNK, min(rows, (t + 1) * _CHUNK)):
+            _row_bf16(data[r], w)
+            _rows(x, w, out, r)
+
+
+@njit(parallel=True, cache=True)
+def _mvb_q8_0(x, data, out):
+    rows = data.shape[0]
+    for t in prange((rows + _CHUNK - 1) // _CHUNK):
+        w = np.empty(x.shape[1], np.float32)
+        for r in range(t * _CHUNK, min(rows, (t + 1) * _CHUNK)):
+            _row_q8_0(data[r], w)
+            _rows(x, w, out, r)
+
+
+@njit(parallel=True, cache=True)
+def _mvb_q4_k(x, data, out):
+    rows = data.shape[0]
+    for t in prange((rows + _CHUNK - 1) // _CHUNK):
+        w = np.empty(x.shape[1], np.float32)
+        for r in range(t * _CHUNK, min(rows, (t + 1) * _CHUNK)):
+            _row_q4_k(data[r], w)
+            _rows(x, w, out, r)
+
+
+@njit(parallel=True, cache=True)
+def _mvb_q6_k(x, data, out):
+    rows = data.shape[0]
+    for t in prange((rows + _CHUNK - 1) // _CHUNK):
+        w = np.empty(x.shape[1], np.float32)
+        for r in range(t * _CHUNK, min(rows, (t + 1) * _CHUNK)):
+            _row_q6_k(data[r], w)
+            _rows(x, w, out, r)
+
+
+_MV1 = {"f32": _mv1_f32, "f16": _mv1_f16, "bf16": _mv1_bf16, "q8_0": _mv1_q8_0, "q4_k": _mv1_q4_k,
+        "q6_k": _mv1_q6_k}
+_MVB = {"f32": _mvb_f32, "f16": _mvb_f16, "bf16": _mvb_bf16, "q8_0": _mvb_q8_0, "q4_k": _mvb_q4_k,
+        "q6_k": _mvb_q6_k}
+_WIDEN = {"f32": _widen_f32, "f16": _widen_f16, "bf16": _widen_bf16, "q8_0": _widen_q8_0,
+          "q4_k": _widen_q4_k, "q6_k": _widen_q6_k}
+
+
+# ---- entry points ----
+
+def _stored(data: np.ndarray, dtype: str, rows: int, cols: int) -> np.ndarray:
+    """The stored array checked against (dtype, rows, cols), as the kernels take it (f16 as its uint16 bits)."""
+    if dtype not in _STORED:
+        raise ValueError(f"storage type must be one of {', '.join(_STORED)}; got {dtype!r}")
+    if dtype in QK:
+        per, nbytes = QK[dtype]
+        if cols % per:
+            raise ValueError(f"{dtype} row length must be a multiple of {per}; got {cols}")
+        shape = (rows, cols // per * nbytes)
+    else:
+        shape = (rows, cols)
+    if data.dtype != _STORED[dtype] or data.shape != shape:
+        raise ValueError(f"{dtype} data of a [{rows}, {cols}] tensor must be {np.dtype(_STORED[dtype])} "
+                         f"{list(shape)}; got {data.dtype} {list(data.shape)}")
+    if data.strides[1] != data.itemsize:
+        raise ValueError(f"{dtype} data rows must be contiguous; got strides {data.strides}")
+    return data.view(np.uint16) if dtype == "f16" else data
+
+
+def _f32_rows(a: np.ndarray, what: str, cols: int) -> None:
+    if a.dtype != np.float32 or a.ndim != 2 or a.shape[1] != cols or not a.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous float32 [n, {cols}]; got {a.dtype} {list(a.shape)}")
+
+
+def matvec(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, out: np.ndarray) -> np.ndarray:
+    """out[B, rows] = x[B, cols] @ W.T for W stored as `data` in `dtype`, read in place (B small: 1..8)."""
+    data = _stored(data, dtype, rows, cols)
+    _f32_rows(x, "x", cols)
+    _f32_rows(out, "out", rows)
+    if out.shape[0] != x.shape[0]:
+        raise ValueError(f"out must have {x.shape[0]} rows like x; got {out.shape[0]}")
+    n = x.shape[0]
+    if n == 1:
+        _MV1[dtype](x[0], data, out[0])
+        return out
+    n4 = -(-n // 4) * 4  # the batched kernel takes x in groups of four rows
+    if n4 == n:
+        _MVB[dtype](x, data, out)
+        return out
+    xp = np.zeros((n4, cols), np.float32)
+    xp[:n] = x
+    op = np.empty((n4, rows), np.float32)
+    _MVB[dtype](xp, data, op)
+    out[:] = op[:n]
+    return out
+
+
+def widen(data: np.ndarray, dtype: str, rows: int, cols: int, out: np.ndarray) -> np.ndarray:
+    """out[rows, cols] = W as float32, exactly as gguf.quants.dequantize (or an exact cast) gives it."""
+    data = _stored(data, dtype, rows, cols)
+    _f32_rows(out, "out", cols)
+    if out.shape[0] != rows:
+        raise ValueError(f"out must have {rows} rows; got {out.shape[0]}")
+    _WIDEN[dtype](data, out)
+    return out

@@ -1,0 +1,121 @@
+"""CPU kernels held to gguf.quants.dequantize (and exact numpy casts) followed by a float64 matmul."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+from gguf.quants import dequantize, quantize
+
+cpu = pytest.importorskip("nanoasr.kernels.cpu")
+
+DTYPES = ["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"]
+GGUF_TYPE = {"q8_0": GT.Q8_0, "q4_k": GT.Q4_K, "q6_k": GT.Q6_K}
+F16_FIELDS = {"q8_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}  # byte offsets of the f16 scales in a block
+SHAPES = [(48, 512), (256, 768), (5, 256)]  # non-square, odd row counts; row lengths fit every block type
+TOL = 1e-5  # ||y - y_ref|| / ||y_ref|| for each row of the output
+
+
+def random_blocks(rng, dtype, rows, cols):
+    """Random block bytes (every bit pattern of quants and packed scales) with finite f16 scale fields."""
+    per, nbytes = cpu.QK[dtype]
+    raw = rng.integers(0, 256, (rows, cols // per, nbytes), dtype=np.uint8)
+    for at in F16_FIELDS[dtype]:
+        scale = rng.uniform(-0.05, 0.05, (rows, cols // per)).astype(np.float16)
+        raw[:, :, at:at + 2] = scale.view(np.uint8).reshape(rows, cols // per, 2)
+    return raw.reshape(rows, -1)
+
+
+def stored(rng, dtype, rows, cols):
+    """(data, W): stored data and its float32 value from an independent oracle."""
+    if dtype == "f32":
+        w = rng.standard_normal((rows, cols)).astype(np.float32)
+        return w, w
+    if dtype == "f16":
+        data = rng.standard_normal((rows, cols)).astype(np.float16)
+        return data, data.astype(np.float32)
+    if dtype == "bf16":
+        data = rng.integers(0, 1 << 16, (rows, cols), dtype=np.uint16) & np.uint16(0xBFFF)  # finite values
+        return data, (data.astype(np.uint32) << 16).view(np.float32)
+    data = random_blocks(rng, dtype, rows, cols)
+    return data, dequantize(data, GGUF_TYPE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,cols", SHAPES)
+def test_widen_is_bit_identical(dtype, rows, cols):
+    rng = np.random.default_rng(rows * cols)
+    data, w = stored(rng, dtype, rows, cols)
+    out = np.full((rows, cols), np.nan, np.float32)
+    cpu.widen(data, dtype, rows, cols, out)
+    np.testing.assert_array_equal(out.view(np.uint32), w.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,cols", SHAPES)
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_matvec_matches_dequantized_matmul(dtype, rows, cols, batch):
+    rng = np.random.default_rng(rows * cols + batch)
+    data, w = stored(rng, dtype, rows, cols)
+    x = rng.standard_normal((batch, cols)).astype(np.float32)
+    out = np.full((batch, rows), np.nan, np.float32)
+    cpu.matvec(x, data, dtype, rows, cols, out)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    rel = np.linalg.norm(out - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    assert rel.max() < TOL, f"{dtype} {rows}x{cols} B={batch}: relative error {rel.max():.2e}"
+
+
+def test_q8_0_from_quantized_floats():
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((64, 1024)).astype(np.float32)
+    data = quantize(w, GT.Q8_0)
+    x = rng.standard_normal((2, 1024)).astype(np.float32)
+    out = np.empty((2, 64), np.float32)
+    cpu.matvec(x, data, "q8_0", 64, 1024, out)
+    ref = x.astype(np.float64) @ dequantize(data, GT.Q8_0).T.astype(np.float64)
+    assert np.abs(out - ref).max() < TOL * np.abs(ref).max()
+
+
+def test_subnormal_and_signed_zero_scales_widen_exactly():
+    rows, cols = 4, 64
+    data = np.random.default_rng(3).integers(0, 256, (rows, 2 * 34), dtype=np.uint8).reshape(rows, 2, 34)
+    bits = np.array([[0x0001, 0x8000], [0x03FF, 0x0000], [0x7BFF, 0xFBFF], [0x0400, 0x83FF]], np.uint16)
+    data[:, :, 0:2] = bits.view(np.uint8).reshape(rows, 2, 2)
+    data = data.reshape(rows, -1)
+    out = np.empty((rows, cols), np.float32)
+    cpu.widen(data, "q8_0", rows, cols, out)
+    np.testing.assert_array_equal(out.view(np.uint32), dequantize(data, GT.Q8_0).view(np.uint32))
+
+
+def test_matvec_writes_into_the_given_buffer():
+    rng = np.random.default_rng(1)
+    data, w = stored(rng, "q8_0", 32, 64)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    out = np.zeros((5, 32), np.float32)
+    assert cpu.matvec(x, data, "q8_0", 32, 64, out) is out
+    np.testing.assert_allclose(out, x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: cpu.matvec(np.zeros((1, 64), np.float32), np.zeros((4, 68), np.uint8), "q5_k", 4, 64,
+                        np.zeros((1, 4), np.float32)), "storage type"),
+    (lambda: cpu.matvec(np.zeros((1, 64), np.float32), np.zeros((4, 64), np.uint8), "q8_0", 4, 64,
+                        np.zeros((1, 4), np.float32)), r"uint8 \[4, 68\]"),
+    (lambda: cpu.matvec(np.zeros((1, 48), np.float32), np.zeros((4, 51), np.uint8), "q8_0", 4, 48,
+                        np.zeros((1, 4), np.float32)), "multiple of 32"),
+    (lambda: cpu.matvec(np.zeros((1, 64), np.float64), np.zeros((4, 64), np.float32), "f32", 4, 64,
+                        np.zeros((1, 4), np.float32)), "x must be"),
+    (lambda: cpu.matvec(np.zeros((2, 64), np.float32), np.zeros((4, 64), np.float32), "f32", 4, 64,
+                        np.zeros((1, 4), np.float32)), "out must have 2 rows"),
+    (lambda: cpu.widen(np.zeros((4, 128), np.float32)[:, ::2], "f32", 4, 64, np.zeros((4, 64), np.float32)),
+     "contiguous"),
+])
+def test_bad_arguments_are_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_importing_nanoasr_does_not_import_numba():
+    import subprocess
+    import sys
+
+    code = "import sys, nanoasr, nanoasr.kernels; print('numba' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
