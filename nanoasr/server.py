@@ -9,7 +9,9 @@ import argparse
 import asyncio
 import gzip
 import json
+import os
 import sys
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,8 +43,8 @@ def compression_ratio(text: str) -> float:
 
 def verbose_json(transcript, language_code) -> dict:
     segments = [
-        {"id": i, "seek": 0, "start": s.start, "end": s.end, "text": s.text, "tokens": list(s.token_ids),
-         "temperature": 0.0, "avg_logprob": s.avg_logprob, "compression_ratio": compression_ratio(s.text),
+        {"id": i, "seek": int(round(s.start * 100)), "start": s.start, "end": s.end, "text": s.text,
+         "tokens": list(s.token_ids), "temperature": 0.0, "avg_logprob": s.avg_logprob, "compression_ratio": compression_ratio(s.text),
          "no_speech_prob": 0.0}
         for i, s in enumerate(x for x in transcript.segments if x.text)
     ]
@@ -51,44 +53,168 @@ def verbose_json(transcript, language_code) -> dict:
             "usage": {"type": "duration", "seconds": transcript.duration_s}}
 
 
-MULTIPART_OVERHEAD = 64 * 1024  # form fields and boundaries around the file
+FIELD_LIMIT = 64 * 1024  # bytes in one text field
+MAX_FIELDS = 64
+MAX_PROMPT_CHARS = 4096  # the prompt is decoder context: longer is a mistake, and slow
+DRAIN_FACTOR = 4  # read up to this many times the limit before answering 413, so the client sees the answer
+SUFFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 
 
-class UploadLimit:
-    """ASGI middleware: stop reading a transcription upload once it passes the limit, answer 413."""
-
-    def __init__(self, app, limit: int, error):
-        self.app, self.limit, self.error = app, limit, error
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != TRANSCRIPTIONS:
-            return await self.app(scope, receive, send)
-        from fastapi.responses import JSONResponse
-
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.limit:
-            err = self.error(int(length))
-            return await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
-        seen = 0
-
-        async def limited_receive():
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise UploadTooLarge(seen)
-            return message
-
-        try:
-            await self.app(scope, limited_receive, send)
-        except UploadTooLarge as exc:
-            err = self.error(exc.args[0])
-            await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
 
 
-class UploadTooLarge(Exception):
-    pass
+class UploadForm:
+    """Streaming multipart/form-data reader: text fields in memory, the `file` part written to a temporary
+    file in `upload_dir` as it arrives. The first problem found is kept in `problem`; the caller drains the
+    rest of the body (bounded) and then answers with it, so the client is never cut off mid-upload."""
+
+    def __init__(self, upload_dir, max_bytes: int):
+        self.upload_dir, self.max_bytes = upload_dir, max_bytes
+        self.fields: dict[str, list[str]] = {}
+        self.path = self.filename = None
+        self.file_bytes = 0
+        self.problem: ApiError | None = None
+        self.complete = False
+        self._file = None
+        self._headers: dict[bytes, bytes] = {}
+        self._name = self._field = self._value = None
+
+    def callbacks(self) -> dict:
+        return {"on_part_begin": self._part_begin, "on_header_field": self._header_field,
+                "on_header_value": self._header_value, "on_header_end": self._header_end,
+                "on_headers_finished": self._headers_finished, "on_part_data": self._part_data,
+                "on_part_end": self._part_end, "on_end": self._end}
+
+    def _part_begin(self):
+        self._headers, self._field, self._value = {}, b"", b""
+
+    def _header_field(self, data, start, end):
+        self._field += data[start:end]
+
+    def _header_value(self, data, start, end):
+        self._value += data[start:end]
+
+    def _header_end(self):
+        self._headers[self._field.lower()] = self._value
+        self._field, self._value = b"", b""
+
+    def _headers_finished(self):
+        from python_multipart.multipart import parse_options_header
+
+        _, options = parse_options_header(self._headers.get(b"content-disposition", b""))
+        self._name = options.get(b"name", b"").decode("utf-8", "replace")
+        self._text = None
+        if self._name == "file":
+            if self.path is not None:
+                return self._reject(ApiError(400, "only one 'file' part is accepted", param="file"))
+            self.filename = options.get(b"filename", b"upload").decode("utf-8", "replace") or "upload"
+            self._file = tempfile.NamedTemporaryFile(dir=self.upload_dir, prefix="nanoasr-upload-",
+                                                     suffix=upload_suffix(self.filename), delete=False)
+            self.path = self._file.name
+        elif sum(len(v) for v in self.fields.values()) >= MAX_FIELDS:
+            self._reject(ApiError(400, f"at most {MAX_FIELDS} form fields are accepted"))
+        else:
+            self._text = bytearray()
+
+    def _part_data(self, data, start, end):
+        if self.problem is not None:
+            return
+        if self._name == "file" and self._file is not None:
+            self.file_bytes += end - start
+            if self.file_bytes > self.max_bytes:
+                return self._reject(too_large(self.max_bytes, self.file_bytes))
+            self._file.write(data[start:end])
+        elif self._text is not None:
+            self._text += data[start:end]
+            if len(self._text) > FIELD_LIMIT:
+                self._reject(ApiError(400, f"form field {self._name!r} is longer than {FIELD_LIMIT} bytes",
+                                      param=self._name))
+
+    def _part_end(self):
+        if self._name == "file" and self._file is not None:
+            self._file.close()
+            self._file = None
+        elif self._text is not None and self.problem is None:
+            try:
+                self.fields.setdefault(self._name, []).append(self._text.decode("utf-8"))
+            except UnicodeDecodeError:
+                self._reject(ApiError(400, f"form field {self._name!r} is not UTF-8 text", param=self._name))
+        self._text = None
+
+    def _end(self):
+        self.complete = True
+
+    def _reject(self, problem: ApiError):
+        if self.problem is None:
+            self.problem = problem
+
+    def discard(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.path is not None:
+            remove(self.path)
+            self.path = None
+
+
+def upload_suffix(filename: str) -> str:
+    """The upload's extension, when it is a plain one: it tells the decoder the container."""
+    suffix = os.path.splitext(filename)[1].lower()
+    return suffix if 1 < len(suffix) <= 6 and set(suffix[1:]) <= SUFFIX_CHARS else ""
+
+
+def remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def too_large(limit: int, size) -> ApiError:
+    return ApiError(413, f"Maximum content size limit ({limit}) exceeded ({size} bytes read)",
+                    code="file_too_large", param="file")
+
+
+async def read_upload(request, upload_dir, max_bytes: int) -> UploadForm:
+    """The request's form, its file part on disk; raises ApiError (the temporary file removed) on bad input."""
+    from python_multipart.exceptions import FormParserError
+    from python_multipart.multipart import MultipartParser, parse_options_header
+    from starlette.requests import ClientDisconnect
+
+    ctype, options = parse_options_header(request.headers.get("content-type"))
+    if ctype != b"multipart/form-data" or not options.get(b"boundary"):
+        raise ApiError(400, "the request body must be multipart/form-data with a 'file' part; got "
+                            f"{ctype.decode('latin-1') or 'no content type'}", param="file")
+    drain_limit = DRAIN_FACTOR * max_bytes + FIELD_LIMIT
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > drain_limit:
+        raise too_large(max_bytes, int(length))
+    form = UploadForm(upload_dir, max_bytes)
+    parser = MultipartParser(options[b"boundary"], form.callbacks())
+    seen = 0
+    try:
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if form.problem is None:
+                parser.write(chunk)
+            elif seen > drain_limit:
+                break
+        if form.problem is None:
+            parser.finalize()
+    except FormParserError as exc:
+        form._reject(ApiError(400, f"malformed multipart body: {exc}"))
+    except ClientDisconnect:
+        form._reject(ApiError(400, "the client disconnected before the upload was complete"))
+    except BaseException:
+        form.discard()
+        raise
+    if form.problem is None and not form.complete:
+        form._reject(ApiError(400, "the multipart body ended before its closing boundary"))
+    if form.problem is not None:
+        form.discard()
+        if form.problem.status == 413:
+            raise too_large(max_bytes, seen)
+        raise form.problem
+    return form
 
 
 class Queue:
@@ -112,15 +238,80 @@ class Queue:
             self.pending -= 1
 
 
-def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, max_queue: int = 16):
-    """The ASGI app serving `model` (a nanoasr Model, or anything with its transcribe())."""
-    from fastapi import FastAPI, File, Form, Request, UploadFile
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
+
+
+def last(fields: dict, name: str, default=None):
+    values = fields.get(name)
+    return values[-1] if values else default
+
+
+def flag(fields: dict, name: str, default: bool) -> bool:
+    value = last(fields, name)
+    if value is None:
+        return default
+    if value.strip().lower() in TRUE + FALSE:
+        return value.strip().lower() in TRUE
+    raise ApiError(400, f"{name} must be true or false; got {value!r}", param=name)
+
+
+def request_options(fields: dict) -> dict:
+    """Validated options from the form's text fields; raises ApiError(400) naming the field."""
+    from nanoasr.model.prompt import MAX_HOTWORDS, language_code
+
+    if last(fields, "model") is None:
+        raise ApiError(400, "the 'model' field is required (any name; this server has one model)", param="model")
+    response_format = last(fields, "response_format", "json").strip() or "json"
+    if response_format not in RESPONSE_FORMATS:
+        raise ApiError(400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; "
+                            f"got {response_format!r}", param="response_format")
+    try:
+        temperature = float(last(fields, "temperature", "0") or "0")
+    except ValueError:
+        raise ApiError(400, f"temperature must be a number; got {last(fields, 'temperature')!r}",
+                       param="temperature") from None
+    if temperature != 0:
+        raise ApiError(400, f"only temperature 0 is supported (greedy decoding); got {temperature}",
+                       param="temperature")
+    granularities = fields.get("timestamp_granularities[]", []) + fields.get("timestamp_granularities", [])
+    for value in granularities:
+        if value == "word":
+            raise ApiError(400, "word timestamps are not available for this model; use 'segment'",
+                           param="timestamp_granularities")
+        if value != "segment":
+            raise ApiError(400, f"timestamp_granularities must be 'segment'; got {value!r}",
+                           param="timestamp_granularities")
+    try:
+        code = language_code(last(fields, "language"))
+    except OptionError as exc:
+        raise ApiError(400, str(exc), param="language") from None
+    prompt = last(fields, "prompt", "").strip()
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ApiError(400, f"prompt is limited to {MAX_PROMPT_CHARS} characters; got {len(prompt)}",
+                       param="prompt")
+    hotwords = [w.strip() for v in fields.get("hotwords", []) for w in v.replace("\n", ",").split(",")]
+    hotwords = tuple(w for w in hotwords if w)
+    if len(hotwords) > MAX_HOTWORDS:
+        raise ApiError(400, f"at most {MAX_HOTWORDS} hotwords are accepted; got {len(hotwords)}",
+                       param="hotwords")
+    return {"response_format": response_format, "stream": flag(fields, "stream", False), "language": code,
+            "transcribe": dict(language=code, context=prompt or None, hotwords=hotwords,
+                               itn=flag(fields, "itn", True))}
+
+
+def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, max_queue: int = 16,
+               upload_dir: str | None = None):
+    """The ASGI app serving `model` (a nanoasr Model, or anything with its transcribe()).
+
+    Uploads are written to temporary files in `upload_dir` (the system's temporary directory when None)
+    and removed as soon as their request is done.
+    """
+    from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from nanoasr import writers
-    from nanoasr.model.prompt import language_code
 
     max_bytes = int(max_upload_mb * 1024 * 1024)
     queue = Queue(max_queue)
@@ -156,12 +347,6 @@ def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, 
                 return error_response(ApiError(401, "Incorrect or missing API key", code="invalid_api_key"))
         return await call_next(request)
 
-    def too_large(size) -> ApiError:
-        return ApiError(413, f"Maximum content size limit ({max_bytes}) exceeded ({size} bytes read)",
-                        code="file_too_large")
-
-    app.add_middleware(UploadLimit, limit=max_bytes + MULTIPART_OVERHEAD, error=too_large)
-
     @app.get("/health")
     async def health():
         return {"status": "ok", "queued": queue.pending}
@@ -173,85 +358,127 @@ def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, 
                                             "repo": source.get("repo"), "revision": source.get("revision"),
                                             "license": source.get("license")}]}
 
-    @app.post(TRANSCRIPTIONS)
-    async def transcriptions(
-        file: UploadFile = File(...), model_name: str = Form(..., alias="model"), language: str | None = Form(None),
-        prompt: str | None = Form(None), response_format: str = Form("json"), temperature: float = Form(0.0),
-        timestamp_granularities: list[str] | None = Form(None, alias="timestamp_granularities[]"),
-        stream: bool = Form(False),
-    ):
-        if response_format not in RESPONSE_FORMATS:
-            raise ApiError(400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; "
-                                f"got {response_format!r}", param="response_format")
-        if temperature != 0:
-            raise ApiError(400, "only temperature 0 is supported (greedy decoding)", param="temperature")
-        if "word" in (timestamp_granularities or []):
-            raise ApiError(400, "word timestamps are not available for this model; use 'segment'",
-                           param="timestamp_granularities")
+    @app.post(TRANSCRIPTIONS, openapi_extra=OPENAPI_REQUEST, responses=OPENAPI_RESPONSES)
+    async def transcriptions(request: Request):
+        form = await read_upload(request, upload_dir, max_bytes)
         try:
-            code = language_code(language)
-        except OptionError as exc:
-            raise ApiError(400, str(exc), param="language") from None
-        if file.size is not None and file.size > max_bytes:
-            raise too_large(file.size)
-        if file.size == 0:
-            raise ApiError(400, "the uploaded file is empty", param="file")
-        queue.admit()
+            options = request_options(form.fields)
+            if form.path is None:
+                raise ApiError(400, "the 'file' part is required", param="file")
+            if form.file_bytes == 0:
+                raise ApiError(400, "the uploaded file is empty", param="file")
+            queue.admit()
+        except BaseException:
+            form.discard()
+            raise
         loop = asyncio.get_running_loop()
-        kwargs = dict(language=code, context=prompt or None)
-        if stream:
-            return StreamingResponse(stream_events(loop, file, kwargs), media_type="text/event-stream")
-        try:
-            transcript = await loop.run_in_executor(queue.worker, run, file, kwargs, None)
-        finally:
-            queue.release()
-            await file.close()
+        if options["stream"]:
+            events: asyncio.Queue = asyncio.Queue()
+            future = loop.run_in_executor(queue.worker, job, form, options, events_sink(loop, events))
+            return StreamingResponse(stream_events(events, future), media_type="text/event-stream")
+        transcript = await loop.run_in_executor(queue.worker, job, form, options, None)
+        response_format = options["response_format"]
         if response_format == "json":
             return JSONResponse({"text": transcript.text})
         if response_format == "verbose_json":
-            return JSONResponse(verbose_json(transcript, code))
+            return JSONResponse(verbose_json(transcript, options["language"]))
         body = transcript.text if response_format == "text" else writers.render(transcript, response_format)
         return PlainTextResponse(body, media_type=MEDIA_TYPES[response_format])
 
-    def run(file, kwargs, on_segment):
+    def job(form: UploadForm, options: dict, on_segment):
+        """Runs on the worker thread; the upload is removed and the queue slot freed whatever happens."""
+        path = form.path
         try:
-            file.file.seek(0)
-            return model.transcribe(file.file, on_segment=on_segment, **kwargs)
+            return model.transcribe(path, on_segment=on_segment, **options["transcribe"])
         except AudioError as exc:
-            raise ApiError(400, f"could not decode the uploaded audio: {exc}", param="file") from None
+            message = str(exc).replace(path, form.filename)
+            raise ApiError(400, f"could not decode the uploaded audio: {message}", param="file") from None
         except OptionError as exc:
             raise ApiError(400, str(exc)) from None
         except NanoasrError as exc:
             raise ApiError(500, str(exc), "server_error") from None
-
-    async def stream_events(loop, file, kwargs):
-        events: asyncio.Queue = asyncio.Queue()
-
-        def on_segment(segment):
-            if segment.text:
-                loop.call_soon_threadsafe(events.put_nowait, {"type": "transcript.text.delta",
-                                                              "delta": segment.text})
-
-        future = loop.run_in_executor(queue.worker, run, file, kwargs, on_segment)
-        try:
-            while not (future.done() and events.empty()):
-                getter = asyncio.ensure_future(events.get())
-                done, _ = await asyncio.wait({getter, future}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    yield f"data: {json.dumps(getter.result(), ensure_ascii=False)}\n\n"
-                else:
-                    getter.cancel()
-            try:
-                transcript = future.result()
-                final = {"type": "transcript.text.done", "text": transcript.text}
-            except ApiError as err:
-                final = {"type": "error", **err.body()}
-            yield f"data: {json.dumps(final, ensure_ascii=False)}\n\n"
         finally:
+            form.discard()
             queue.release()
-            await file.close()
 
     return app
+
+
+def events_sink(loop, events: asyncio.Queue):
+    """on_segment for the worker thread: the text each finished segment adds to the joined transcript."""
+    from nanoasr.api import join_texts
+
+    texts: list[str] = []
+
+    def on_segment(segment):
+        before = join_texts(texts)
+        texts.append(segment.text)
+        delta = join_texts(texts)[len(before):]
+        if delta:
+            loop.call_soon_threadsafe(events.put_nowait, {"type": "transcript.text.delta", "delta": delta})
+
+    return on_segment
+
+
+async def stream_events(events: asyncio.Queue, future):
+    """SSE: a delta per finished segment, then transcript.text.done (or an error event)."""
+    while not (future.done() and events.empty()):
+        getter = asyncio.ensure_future(events.get())
+        done, _ = await asyncio.wait({getter, future}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            yield sse(getter.result())
+        else:
+            getter.cancel()
+    try:
+        final = {"type": "transcript.text.done", "text": future.result().text}
+    except ApiError as err:
+        final = {"type": "error", **err.body()}
+    except Exception as exc:
+        final = {"type": "error", **ApiError(500, f"internal error: {type(exc).__name__}", "server_error").body()}
+    yield sse(final)
+
+
+def sse(event: dict) -> str:
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+OPENAPI_REQUEST = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file", "model"],
+    "properties": {
+        "file": {"type": "string", "format": "binary", "description": "the audio file"},
+        "model": {"type": "string", "description": "any name; the server has one model"},
+        "language": {"type": "string", "description": "zh, en, ja (codes, English or Chinese names) or auto"},
+        "prompt": {"type": "string", "maxLength": MAX_PROMPT_CHARS, "description": "context text for the model"},
+        "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS), "default": "json"},
+        "temperature": {"type": "number", "default": 0, "description": "0 only (greedy decoding)"},
+        "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment"]}},
+        "stream": {"type": "boolean", "default": False},
+        "hotwords": {"type": "string", "description": "words to favour, comma or newline separated"},
+        "itn": {"type": "boolean", "default": True, "description": "inverse text normalisation"},
+    }}}}}}
+OPENAPI_RESPONSES = {
+    200: {"description": "the transcript in the requested format", "content": {
+        "application/json": {}, "text/plain": {}, "application/x-subrip": {}, "text/vtt": {},
+        "text/event-stream": {}}},
+    **{status: {"description": what, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+       for status, what in ((400, "bad audio or fields"), (401, "missing or wrong API key"),
+                            (413, "upload over the limit"), (503, "queue full; see Retry-After"))},
+}
+
+
+def positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0; got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,8 +488,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback unless you say otherwise)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
-    parser.add_argument("--max-upload-mb", type=float, default=25, help="largest accepted upload, MiB")
-    parser.add_argument("--max-queue", type=int, default=16, help="requests waiting or running before 503")
+    parser.add_argument("--max-upload-mb", type=positive(float), default=25, help="largest accepted upload, MiB")
+    parser.add_argument("--max-queue", type=positive(int), default=16,
+                        help="requests waiting or running before new ones get 503")
+    parser.add_argument("--upload-dir", default=None,
+                        help="directory for uploads in progress (default: the system's temporary directory)")
     parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="where to run")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads")
     return parser
@@ -272,9 +502,11 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         import fastapi  # noqa: F401
+        import python_multipart  # noqa: F401
         import uvicorn
-    except ImportError:
-        print("nanoasr: error: the server needs the 'server' extra: pip install 'nanoasr[server]'", file=sys.stderr)
+    except ImportError as exc:
+        print(f"nanoasr: error: the server needs the 'server' extra ({exc.name} is missing): "
+              'pip install "nanoasr[server]"', file=sys.stderr)
         return 1
     from nanoasr.api import Model
 
@@ -283,6 +515,10 @@ def main(argv: list[str]) -> int:
     except NanoasrError as exc:
         print(f"nanoasr: error: {exc}", file=sys.stderr)
         return 1
-    app = create_app(model, api_key=args.api_key, max_upload_mb=args.max_upload_mb, max_queue=args.max_queue)
+    if args.upload_dir is not None and not os.path.isdir(args.upload_dir):
+        print(f"nanoasr: error: --upload-dir {args.upload_dir}: not a directory", file=sys.stderr)
+        return 1
+    app = create_app(model, api_key=args.api_key, max_upload_mb=args.max_upload_mb, max_queue=args.max_queue,
+                     upload_dir=args.upload_dir)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

@@ -24,7 +24,9 @@ class StandInModel:
         self.calls = 0
 
     def transcribe(self, audio, on_segment=None, **kwargs):
-        data = audio.read()
+        with open(audio, "rb") as f:  # the server hands over the upload as a path
+            data = f.read()
+        self.kwargs = kwargs
         if not data.startswith(b"RIFF"):
             raise AudioError("<upload>: not audio (cannot be decoded)")
         self.calls += 1
@@ -108,7 +110,68 @@ def test_undecodable_empty_and_missing_file_are_400(url):
 
 def test_upload_over_the_limit_is_413(url):
     big = b"RIFF" + bytes(2 * 1024 * 1024)
-    assert_envelope(post(url, files={"file": ("a.wav", big, "audio/wav")}), 413)
+    assert_envelope(post(url, files={"file": ("a.wav", big, "audio/wav")}), 413, "file")
+
+
+def test_chunked_upload_over_the_limit_is_413(url):
+    boundary = "b0undary"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--{boundary}\r\n"
+            'Content-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n').encode()
+
+    def body():  # no Content-Length: the limit is found while streaming
+        yield head
+        for _ in range(40):
+            yield bytes(64 * 1024)
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    response = httpx.post(url + "/v1/audio/transcriptions", content=body(), timeout=30,
+                          headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert_envelope(response, 413, "file")
+
+
+@pytest.mark.parametrize("content, content_type", [
+    (b'{"model": "m"}', "application/json"),
+    (b"--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm", "multipart/form-data; boundary=x"),
+    (b"garbage", "multipart/form-data"),
+])
+def test_malformed_bodies_are_400(url, content, content_type):
+    response = httpx.post(url + "/v1/audio/transcriptions", content=content, timeout=30,
+                          headers={"Content-Type": content_type})
+    assert_envelope(response, 400)
+
+
+@pytest.mark.parametrize("data, param", [
+    ({"stream": "maybe"}, "stream"),
+    ({"itn": "2"}, "itn"),
+    ({"temperature": "warm"}, "temperature"),
+    ({"timestamp_granularities[]": "char"}, "timestamp_granularities"),
+    ({"prompt": "x" * 5000}, "prompt"),
+    ({"prompt": "x" * 70000}, "prompt"),
+])
+def test_more_bad_fields_are_400(url, data, param):
+    assert_envelope(post(url, data), 400, param)
+
+
+def test_missing_model_and_two_files_are_400(url):
+    response = httpx.post(url + "/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(), "audio/wav")})
+    assert_envelope(response, 400, "model")
+    two = [("file", ("a.wav", wav_bytes(), "audio/wav")), ("file", ("b.wav", wav_bytes(), "audio/wav"))]
+    assert_envelope(post(url, files=two), 400, "file")
+
+
+def test_unknown_route_and_method_use_the_envelope(url):
+    assert_envelope(httpx.get(url + "/v1/nothing"), 404)
+    assert_envelope(httpx.get(url + "/v1/audio/transcriptions"), 405)
+
+
+def test_prompt_hotwords_and_segment_granularity_reach_the_model():
+    model = StandInModel()
+    with running(create_app(model)) as base:
+        response = post(base, {"prompt": " a meeting ", "hotwords": "alpha, beta\ngamma", "itn": "false",
+                               "language": "English", "timestamp_granularities[]": "segment"})
+    assert response.status_code == 200, response.text
+    assert model.kwargs == {"language": "en", "context": "a meeting", "hotwords": ("alpha", "beta", "gamma"),
+                            "itn": False}
 
 
 def test_models_and_health(url):
