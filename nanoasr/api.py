@@ -1,9 +1,11 @@
 """Model: load a checkpoint, transcribe(path | bytes | file | array) -> Transcript. No math here.
 
-Calls are serialised by a lock, so one Model may be shared by several threads.
+Calls are serialised by a lock, so one Model may be shared by several threads: each call runs whole,
+one at a time, and gives the same result it gives alone.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from contextlib import contextmanager
@@ -23,6 +25,7 @@ REFERENCES = ("funasr", "transformers")
 FUNASR_ADAPTOR_EPS = 1e-12  # the authors' adaptor LayerNorm eps (DESIGN §2)
 MAX_SEGMENT_S = 30.0
 BATCH_SIZE = 8  # segments decoded together
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -159,8 +162,17 @@ class Model:
         return self._transcribe(audio, sample_rate, options, on_segment)
 
     def transcribe_batch(self, inputs, **kwargs) -> list[Transcript]:
-        """Transcribe several inputs with the same options, in order."""
-        return [self.transcribe(x, **kwargs) for x in inputs]
+        """Transcribe several inputs with the same options, in order.
+
+        Each input is what `transcribe` takes; an array may come as an `(array, sample_rate)` pair.
+        """
+        out = []
+        for x in inputs:
+            if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], np.ndarray):
+                out.append(self.transcribe(x[0], sample_rate=x[1], **kwargs))
+            else:
+                out.append(self.transcribe(x, **kwargs))
+        return out
 
     def _transcribe(self, audio, sample_rate, options: Options, on_segment=None) -> Transcript:
         from nanoasr.audio.io import SAMPLE_RATE, load_audio
@@ -187,6 +199,11 @@ class Model:
                     if on_segment is not None:
                         on_segment(segment)
         timer.ms["total"] = (time.perf_counter() - start) * 1e3
+        cut = [s.finish_reason for s in segments if s.truncated]
+        if cut:
+            log.warning("%d of %d segments stopped early (%d at the token budget, %d by the repetition "
+                        "guard); see Segment.finish_reason", len(cut), len(segments), cut.count("length"),
+                        cut.count("repetition"))
         code = prompt.language_code(options.language)
         return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, duration, timer.ms)
 

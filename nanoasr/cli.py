@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -130,7 +131,7 @@ def expand_inputs(args, parser) -> tuple[list[Item], list[str]]:
         elif Path(arg).is_dir():
             found = _audio_files(Path(arg), args.recursive)
             if not found:
-                where = "in it or its subdirectories" if args.recursive else "directly in it (see --recursive)"
+                where = "in it or below" if args.recursive else "directly in it (see --recursive)"
                 failures.append(f"{arg}: a directory with no audio files {where}")
             items.extend(Item(str(f), str(f), f.relative_to(arg).with_suffix("")) for f in found)
         else:
@@ -151,7 +152,7 @@ def parse_formats(text: str, parser) -> tuple[str, ...]:
         return FORMATS
     bad = [n for n in names if n not in FORMATS]
     if bad or not names:
-        parser.error(f"-f/--output-format must be {', '.join(FORMATS)} or all (comma-separated); got {text!r}")
+        parser.error(f"-f/--output-format must be {', '.join(FORMATS)} or all, comma-separated; got {text!r}")
     return tuple(dict.fromkeys(names))
 
 
@@ -296,6 +297,8 @@ def _check_usage(args, parser) -> tuple[tuple[str, ...], dict]:
 
 def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
     from nanoasr.api import Model
+
+    logging.getLogger("nanoasr.api").setLevel(logging.ERROR)  # its per-call warning; one line sums them up
 
     todo = [it for it in items if not (args.skip_existing and _outputs_exist(it, formats, out_dir))]
     for item in items:

@@ -1,4 +1,8 @@
-"""Result types shared by the library, the CLI and the server; plain data, JSON-serialisable."""
+"""Result types shared by the library, the CLI and the server; plain data, JSON-serialisable.
+
+`Transcript.to_dict()` holds only str, float, int, bool, None, lists and dicts, so `json.dumps` takes it
+as is; `Transcript.from_dict` reads it back.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +19,7 @@ class Segment:
     start: float
     end: float
     text: str
-    finish_reason: str  # "stop" | "length" (token budget hit) | "repetition" (loop guard) | "silence" (skipped)
+    finish_reason: str  # "stop" | "length" (token budget hit) | "repetition" (loop guard) | "silence"
     token_ids: tuple[int, ...] = ()
     avg_logprob: float = 0.0  # mean log-probability of the generated tokens (0 for skipped segments)
 
@@ -32,7 +36,7 @@ class Transcript:
     segments: tuple[Segment, ...]
     language: str | None  # the language asked for ("zh", "en", "ja"), None when automatic
     duration_s: float  # audio duration
-    timings: dict = field(default_factory=dict)  # ms per stage: frontend, encoder, adaptor, prefill, decode, total
+    timings: dict = field(default_factory=dict)  # ms per stage (frontend, encoder, ..., decode) and total
 
     @property
     def finish_reason(self) -> str:
@@ -54,3 +58,33 @@ class Transcript:
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False, **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Transcript":
+        """The inverse of `to_dict` (derived keys such as `finish_reason` and `truncated` are recomputed)."""
+        names = {f.name for f in dataclasses.fields(Segment)}
+        fields = [{k: v for k, v in s.items() if k in names} for s in data["segments"]]
+        segments = tuple(Segment(**dict(f, token_ids=tuple(f.get("token_ids", ())))) for f in fields)
+        timings = dict(data.get("timings", {}))
+        return cls(data["text"], segments, data.get("language"), data["duration_s"], timings)
+
+    def render(self, fmt: str) -> str:
+        """The transcript as txt, json, srt, vtt or tsv text (see nanoasr.writers)."""
+        from nanoasr import writers
+
+        return writers.render(self, fmt)
+
+    def to_srt(self) -> str:
+        return self.render("srt")
+
+    def to_vtt(self) -> str:
+        return self.render("vtt")
+
+    def to_tsv(self) -> str:
+        return self.render("tsv")
+
+    def write(self, path, fmt: str | None = None) -> None:
+        """Write to `path` in `fmt`, by default the one its suffix names (.txt, .json, .srt, .vtt, .tsv)."""
+        from nanoasr import writers
+
+        writers.write(self, fmt or writers.format_of(path), path)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nanoasr.errors import OptionError
+
 FORMATS = ("txt", "json", "srt", "vtt", "tsv")
 
 
@@ -14,29 +16,43 @@ def _clock(seconds: float, decimal: str) -> str:
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal}{ms:03d}"
 
 
-def _cues(transcript):
-    return [s for s in transcript.segments if s.text.strip()]
+def _line(text: str) -> str:
+    # One line per cue or row: a blank line would end an SRT/VTT cue early, a tab would shift TSV columns,
+    # and "-->" is not allowed inside a VTT cue.
+    return " ".join(text.split()).replace("-->", "->")
+
+
+def _cues(transcript):  # the segments with text, as (start, end, one-line text)
+    return [(s.start, s.end, _line(s.text)) for s in transcript.segments if _line(s.text)]
 
 
 def render(transcript, fmt: str) -> str:
+    """`transcript` as txt (one segment per line), json, srt, vtt or tsv (integer milliseconds) text."""
     if fmt == "txt":
-        return "\n".join(s.text.strip() for s in _cues(transcript)) + "\n"
+        return "".join(f"{text}\n" for _, _, text in _cues(transcript))
     if fmt == "json":
         return transcript.to_json(indent=2) + "\n"
     if fmt == "srt":
-        return "".join(f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n\n"
-                       for i, s in enumerate(_cues(transcript), 1))
+        return "".join(f"{i}\n{_clock(a, ',')} --> {_clock(b, ',')}\n{text}\n\n"
+                       for i, (a, b, text) in enumerate(_cues(transcript), 1))
     if fmt == "vtt":
-        return "WEBVTT\n\n" + "".join(f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text.strip()}\n\n"
-                                      for s in _cues(transcript))
+        return "WEBVTT\n\n" + "".join(f"{_clock(a, '.')} --> {_clock(b, '.')}\n{text}\n\n"
+                                      for a, b, text in _cues(transcript))
     if fmt == "tsv":
-        rows = ["start\tend\ttext"]
-        for s in _cues(transcript):
-            text = " ".join(s.text.split())  # tabs and newlines would break the columns
-            rows.append(f"{int(round(s.start * 1000))}\t{int(round(s.end * 1000))}\t{text}")
-        return "\n".join(rows) + "\n"
-    raise ValueError(f"output format must be one of {', '.join(FORMATS)}; got {fmt!r}")
+        rows = [f"{round(a * 1000)}\t{round(b * 1000)}\t{text}\n" for a, b, text in _cues(transcript)]
+        return "start\tend\ttext\n" + "".join(rows)
+    raise OptionError(f"output format must be one of {', '.join(FORMATS)}; got {fmt!r}")
+
+
+def format_of(path) -> str:
+    """The output format a file name's suffix names."""
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in FORMATS:
+        raise OptionError(f"cannot tell the output format from {str(path)!r}: expected a suffix among "
+                         f"{', '.join('.' + f for f in FORMATS)}; or pass the format")
+    return fmt
 
 
 def write(transcript, fmt: str, path) -> None:
+    """Write `transcript` rendered as `fmt` to `path` (UTF-8), replacing any file there."""
     Path(path).write_text(render(transcript, fmt), encoding="utf-8")
