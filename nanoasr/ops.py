@@ -6,6 +6,8 @@ one matrix at a time, into a reused buffer for many rows (encoder, prefill).
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from nanoasr.backend import array_module
@@ -23,8 +25,35 @@ def linear(x, w, bias=None):  # [..., in] @ W[out, in].T (+ b[out]) -> [..., out
     return y.reshape(*lead, y.shape[-1])
 
 
+# Up to this many rows (batched decode, the last prefill position) stream the stored blocks once through
+# the fused kernels; more rows (encoder, prefill) widen the matrix once and use BLAS.
+FUSED_ROWS = 8
+_scratch = threading.local()
+
+
 def _stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, out]
-    return rows @ widen(w).T
+    xp = array_module(rows)
+    if xp is not np:
+        return rows @ xp.asarray(widen(w)).T
+    from nanoasr.kernels import cpu
+
+    out_features, in_features = w.shape
+    x = np.ascontiguousarray(rows, dtype=np.float32)
+    if len(x) <= FUSED_ROWS:
+        return cpu.matvec(x, w.data, w.dtype, out_features, in_features,
+                          np.empty((len(x), out_features), np.float32))
+    if w.dtype == "f32":
+        return x @ w.data.T
+    return x @ cpu.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features)).T
+
+
+def _widen_buffer(rows: int, cols: int) -> np.ndarray:
+    """A float32 [rows, cols] view of this thread's reused buffer (one matrix widened at a time)."""
+    size = rows * cols
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < size:
+        buf = _scratch.buf = np.empty(size, np.float32)
+    return buf[:size].reshape(rows, cols)
 
 
 def layer_norm(x, weight, bias, eps):  # [..., d] -> [..., d]
@@ -73,7 +102,10 @@ def apply_rope(x, cos, sin):  # [..., n, heads, d] with cos/sin [..., n, d] -> s
 
 def attention(q, k, v, mask=None):  # q [..., h, n, d], k/v [..., h, m, d], mask [..., n|1, m] bool -> [..., h, n, d]
     xp = array_module(q)
-    scores = (q * np.float32(q.shape[-1] ** -0.5)) @ xp.swapaxes(k, -1, -2)  # [..., h, n, m]
+    # Stacked matmuls reach BLAS only on contiguous operands (head-split views take a slow loop).
+    q = xp.ascontiguousarray(q * np.float32(q.shape[-1] ** -0.5))
+    k, v = xp.ascontiguousarray(k), xp.ascontiguousarray(v)
+    scores = q @ xp.swapaxes(k, -1, -2)  # [..., h, n, m]
     if mask is not None:
         scores = xp.where(mask[..., None, :, :], scores, np.float32(-np.inf))
     return softmax(scores) @ v
