@@ -1,0 +1,565 @@
+"""Model packages and the Hugging Face hub: turn a `--model` value into local files.
+
+A value is a local checkpoint directory or .gguf file, a package name from model_specs, or a hub id
+`org/repo[@revision][:quant]`. Downloads go through huggingface_hub (its cache, `HF_ENDPOINT`, `HF_TOKEN`,
+`HF_HUB_OFFLINE`, or a `local_dir`), fetch only a package's files, and check sizes and sha256 where the
+spec gives them. huggingface_hub is imported on use, so importing nanoasr stays light.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from nanoasr.errors import ModelError
+
+MANIFEST = "nanoasr-package.json"  # written into a local_dir: which package, repo and commit it holds
+HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[^:@\s]+)|:(?P<quant>[\w.-]+))*")
+COMMIT = re.compile(r"[0-9a-f]{40}")
+CACHE_SNAPSHOT = re.compile(
+    r"models--(?P<org>[^/\\]+?)--(?P<name>[^/\\]+)[/\\]snapshots[/\\](?P<rev>[0-9a-f]{40})")
+# A safetensors checkpoint of a repo no package describes: what load_checkpoint reads.
+CHECKPOINT_PATTERNS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                       "chat_template.jinja", "processor_config.json", "*.safetensors",
+                       "model.safetensors.index.json")
+QUANT_SUFFIX = re.compile(r"[-.]((?:bf|iq|[qf])\d\w*)\.gguf$", re.IGNORECASE)
+HASH_CHUNK = 1 << 24
+
+
+@dataclass(frozen=True)
+class PackageFile:
+    name: str
+    size: int | None = None
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    description: str
+    format: str  # "safetensors" | "gguf"
+    repo: str
+    revision: str
+    files: tuple[PackageFile, ...]
+    license: str
+    license_url: str | None = None
+
+    @property
+    def size(self) -> int | None:
+        """Total bytes, or None when a file's size is not recorded."""
+        sizes = [f.size for f in self.files]
+        return None if None in sizes else sum(sizes)
+
+    @property
+    def quant(self) -> str | None:
+        """The `:quant` tag of a GGUF package (`q8_0` for `…-q8_0.gguf`)."""
+        if self.format != "gguf":
+            return None
+        match = QUANT_SUFFIX.search(self.files[0].name)
+        return match[1].lower() if match else None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    path: Path  # checkpoint directory or .gguf file
+    repo: str | None
+    revision: str | None
+    package: Package | None
+
+    @property
+    def format(self) -> str:
+        return "gguf" if self.path.suffix.lower() == ".gguf" else "safetensors"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to fetch: a package's files, or (files None) a checkpoint snapshot of any repo."""
+    label: str  # the name a user types to get it again
+    repo: str
+    revision: str
+    files: tuple[PackageFile, ...] | None
+    package: Package | None
+    revision_arg: str | None = None  # a revision given apart from the label, repeated in commands we print
+    patterns: tuple[str, ...] = CHECKPOINT_PATTERNS
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the revision is the one the package's sizes and hashes describe."""
+        return self.package is not None and self.revision == self.package.revision
+
+
+# --- packages --------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _spec() -> dict:
+    return json.loads(resources.files("nanoasr").joinpath("model_specs/fun_asr_nano.json").read_text("utf-8"))
+
+
+def list_packages() -> list[Package]:
+    return [Package(p["name"], p.get("description", ""), p["format"], p["repo"], p["revision"],
+                    tuple(PackageFile(f["name"], f.get("size"), f.get("sha256")) for f in p["files"]),
+                    p.get("license", "unknown"), p.get("license_url")) for p in _spec()["packages"]]
+
+
+def default_package() -> Package:
+    return get_package(_spec()["default_package"])
+
+
+def get_package(name: str) -> Package:
+    for package in list_packages():
+        if package.name == name:
+            return package
+    names = ", ".join(p.name for p in list_packages())
+    raise ModelError(f"no model package named {name!r}; known packages: {names}")
+
+
+def info(name: str | None = None, *, revision: str | None = None, local_dir=None) -> dict:
+    """A package (or hub id) described: repo, revision, files, license, and whether it is already here."""
+    target = _target(name, revision)
+    package = target.package
+    files = target.files or ()
+    path = _present(target, local_dir)
+    return {
+        "name": package.name if package else target.label,
+        "description": package.description if package else "",
+        "format": package.format if package else _snapshot_format(target),
+        "repo": target.repo,
+        "revision": target.revision,
+        "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files],
+        "size": package.size if package and target.pinned else None,
+        "license": package.license if package else None,
+        "license_url": package.license_url if package else None,
+        "cached": path is not None,
+        "path": str(path) if path else None,
+        "download": _command(target, local_dir),
+    }
+
+
+def _snapshot_format(target: Target) -> str:
+    return "safetensors" if target.patterns == CHECKPOINT_PATTERNS else "gguf"
+
+
+def download_command(label: str, revision: str | None = None, local_dir=None) -> str:
+    extra = f" --revision {revision}" if revision else ""
+    extra += f" --local-dir {local_dir}" if local_dir else ""
+    return f"python -m nanoasr models download {label}{extra}"
+
+
+def _command(target: Target, local_dir) -> str:
+    return download_command(target.label, target.revision_arg, local_dir)
+
+
+# --- resolving a --model value ----------------------------------------------------------------------------
+
+def resolve(model=None, *, revision: str | None = None, local_dir=None, offline: bool | None = None,
+            progress: bool = True) -> Resolved:
+    """Local files for `model`, downloading what is missing unless offline (default: `HF_HUB_OFFLINE`)."""
+    local = _local(model)
+    if local is not None:
+        return local
+    return _fetch(_target(model, revision), local_dir, _offline(offline), progress, verify_all=False)
+
+
+def download(name: str | None = None, *, revision: str | None = None, local_dir=None,
+             progress: bool = True) -> Resolved:
+    """Fetch a package or hub id and check every file with a recorded size and sha256."""
+    return _fetch(_target(name, revision), local_dir, _offline(None), progress, verify_all=True)
+
+
+def looks_like_path(model: str) -> bool:
+    seps = {os.sep, os.altsep} - {None, "/"}
+    return (model.startswith((".", "~", "/")) or model.lower().endswith(".gguf") or model.count("/") > 1
+            or any(s in model for s in seps))
+
+
+def _local(model) -> Resolved | None:
+    if model is None:
+        return None
+    path = Path(os.fspath(model)).expanduser()
+    if path.exists():
+        return describe_local(path)
+    if isinstance(model, Path) or looks_like_path(str(model)):
+        raise ModelError(f"{model}: no such model directory or .gguf file")
+    return None
+
+
+def describe_local(path: Path) -> Resolved:
+    """Repo, revision and package of local files: from an HF cache path or a nanoasr manifest beside them."""
+    folder = path if path.is_dir() else path.parent
+    match = CACHE_SNAPSHOT.search(os.path.abspath(path))
+    repo = revision = package = None
+    if match:
+        repo, revision = f"{match['org']}/{match['name']}", match["rev"]
+    elif (folder / MANIFEST).is_file():
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text("utf-8"))
+            repo, revision, name = manifest.get("repo"), manifest.get("revision"), manifest.get("package")
+            package = next((p for p in list_packages() if p.name == name), None)
+        except (OSError, ValueError, AttributeError):
+            pass  # an unreadable manifest only loses the provenance, never the model
+    if package is None and repo is not None:
+        package = _package_for(repo, path.name if path.is_file() else None)
+    return Resolved(path, repo, revision, package)
+
+
+def _package_for(repo: str, filename: str | None) -> Package | None:
+    for p in list_packages():
+        if p.repo == repo and (p.format == "gguf") == (filename is not None):
+            if filename is None or any(f.name == filename for f in p.files):
+                return p
+    return None
+
+
+def _target(model: str | None, revision: str | None) -> Target:
+    if model is None:
+        model = default_package().name
+    names = {p.name: p for p in list_packages()}
+    if model in names:
+        p = names[model]
+        return Target(p.name, p.repo, revision or p.revision, p.files, p, revision)
+    match = HUB_ID.fullmatch(model)
+    if not match:
+        raise ModelError(f"{model!r} is not a model directory, .gguf file, package name ({', '.join(names)}) "
+                         "or hub id org/repo[@revision][:quant]")
+    repo, quant = match["repo"], match["quant"]
+    revision_arg, revision = revision, revision or match["revision"]
+    candidates = [p for p in names.values() if p.repo == repo]
+    if quant is not None:
+        candidates = [p for p in candidates if p.quant == quant.lower()]
+    if len(candidates) == 1:
+        p = candidates[0]
+        return Target(model, repo, revision or p.revision, p.files, p, revision_arg)
+    if len(candidates) > 1:
+        choices = ", ".join(f"{p.name} ({repo}:{p.quant})" for p in candidates)
+        raise ModelError(f"{repo} holds several packages; name one: {choices}")
+    if any(p.repo == repo for p in names.values()):
+        quants = ", ".join(p.quant for p in names.values() if p.repo == repo and p.quant)
+        raise ModelError(f"{repo} has no package with quant {quant!r}; known: {quants}")
+    patterns = CHECKPOINT_PATTERNS if quant is None else (f"*{quant}.gguf", f"*{quant.upper()}.gguf",
+                                                          f"*{quant.lower()}.gguf")
+    return Target(model, repo, revision or "main", None, None, revision_arg, tuple(dict.fromkeys(patterns)))
+
+
+def _offline(offline: bool | None) -> bool:
+    if offline is not None:
+        return offline
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true"):
+        return True
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)  # read by huggingface_hub when it was imported
+
+
+def cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+# --- fetching ---------------------------------------------------------------------------------------------
+
+def _fetch(target: Target, local_dir, offline: bool, progress: bool, verify_all: bool) -> Resolved:
+    local_dir = Path(local_dir).expanduser() if local_dir is not None else None
+    if offline:
+        path = _present(target, local_dir)
+        if path is None:
+            raise ModelError(_offline_message(target, local_dir))
+        return _resolved(target, path, local_dir, verify_all, fresh=())
+    if target.files is None:
+        path = _snapshot(target, local_dir, progress)
+        return _resolved(target, path, local_dir, verify_all, fresh=())
+    fresh, paths = [], []
+    for f in target.files:
+        was_here = _file_present(target, f.name, local_dir) is not None
+        paths.append(_download_file(target, f.name, local_dir, progress))
+        if not was_here:
+            fresh.append(f.name)
+    path = paths[0] if target.package.format == "gguf" else paths[0].parent
+    return _resolved(target, path, local_dir, verify_all, tuple(fresh))
+
+
+def _resolved(target: Target, path: Path, local_dir, verify_all: bool, fresh: tuple[str, ...]) -> Resolved:
+    if target.pinned:
+        for f in target.files:
+            if verify_all or f.name in fresh:
+                _verify(target, f, (path if path.is_dir() else path.parent) / f.name, local_dir)
+            elif f.sha256:
+                _check_blob_name(target, f, (path if path.is_dir() else path.parent) / f.name, local_dir)
+    match = CACHE_SNAPSHOT.search(os.path.abspath(path))
+    revision = match["rev"] if match else _local_dir_commit(local_dir, target) or target.revision
+    if local_dir is not None:
+        _write_manifest(local_dir, target, revision)
+    return Resolved(path, target.repo, revision, target.package)
+
+
+def _download_file(target: Target, filename: str, local_dir, progress: bool) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    with _hub_errors(target, local_dir):
+        return Path(hf_hub_download(target.repo, filename, revision=target.revision,
+                                    local_dir=str(local_dir) if local_dir else None,
+                                    tqdm_class=None if progress else _silent_tqdm()))
+
+
+def _snapshot(target: Target, local_dir, progress: bool) -> Path:
+    from huggingface_hub import snapshot_download
+
+    with _hub_errors(target, local_dir):
+        folder = Path(snapshot_download(target.repo, revision=target.revision,
+                                        allow_patterns=list(target.patterns),
+                                        local_dir=str(local_dir) if local_dir else None,
+                                        tqdm_class=None if progress else _silent_tqdm()))
+    return _snapshot_path(target, folder)
+
+
+def _snapshot_path(target: Target, folder: Path) -> Path:
+    """The directory itself for a checkpoint; the one matching .gguf for a `:quant` id."""
+    if target.patterns == CHECKPOINT_PATTERNS:
+        if not (folder / "config.json").is_file():
+            raise ModelError(f"{target.repo}@{target.revision}: no config.json; not a safetensors checkpoint "
+                             "(for a GGUF repo add :quant, e.g. org/repo:q8_0)")
+        return folder
+    ggufs = sorted(p for p in (folder.iterdir() if folder.is_dir() else ()) if p.suffix.lower() == ".gguf"
+                   and any(p.match(pattern) for pattern in target.patterns))
+    if len(ggufs) != 1:
+        raise ModelError(f"{target.label}: expected one .gguf matching {target.patterns[0]}; "
+                         f"found {[p.name for p in ggufs] or 'none'}")
+    return ggufs[0]
+
+
+def _silent_tqdm():
+    from huggingface_hub.utils import tqdm
+
+    class Silent(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    return Silent
+
+
+@contextmanager
+def _hub_errors(target: Target, local_dir):
+    """huggingface_hub's many exception types -> one ModelError line naming what failed."""
+    from huggingface_hub import errors
+
+    where = f"{target.repo}@{target.revision}"
+    try:
+        yield
+    except errors.RepositoryNotFoundError:
+        raise ModelError(f"{target.repo}: no such model repository on the hub, or it is private or gated "
+                         "(log in with `hf auth login` or set HF_TOKEN)") from None
+    except errors.RevisionNotFoundError:
+        raise ModelError(f"{target.repo}: no revision {target.revision!r} on the hub") from None
+    except errors.RemoteEntryNotFoundError as exc:
+        raise ModelError(f"{where}: a package file is not in the repository ({_one_line(exc)})") from None
+    except errors.LocalEntryNotFoundError:
+        raise ModelError(f"{target.label}: cannot reach the hub and the files are not in "
+                         f"{local_dir or cache_dir()}; check the network (or HF_ENDPOINT), then: "
+                         f"{_command(target, local_dir)}") from None
+    except (errors.HfHubHTTPError, OSError, ValueError) as exc:
+        raise ModelError(f"{where}: download failed ({type(exc).__name__}: {_one_line(exc)})") from None
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+# --- what is already here ---------------------------------------------------------------------------------
+
+def _file_present(target: Target, filename: str, local_dir) -> Path | None:
+    if local_dir is not None:
+        path = Path(local_dir) / filename
+        recorded = (_read_manifest(Path(local_dir)) or {}).get("revision")
+        other = recorded is not None and COMMIT.fullmatch(target.revision) and recorded != target.revision
+        return path if path.is_file() and not other else None
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(target.repo, filename, cache_dir=str(cache_dir()),
+                                   revision=target.revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+def _present(target: Target, local_dir) -> Path | None:
+    """The path resolve() would return, when every file is already here (never touches the network)."""
+    local_dir = Path(local_dir).expanduser() if local_dir is not None else None
+    if target.files is None:
+        folder = _cached_snapshot(target, local_dir)
+        if folder is None:
+            return None
+        try:
+            return _snapshot_path(target, folder)
+        except ModelError:
+            return None
+    found = [_file_present(target, f.name, local_dir) for f in target.files]
+    if None in found:
+        return None
+    return found[0] if target.package.format == "gguf" else found[0].parent
+
+
+def _cached_snapshot(target: Target, local_dir) -> Path | None:
+    if local_dir is not None:
+        return local_dir if (local_dir / MANIFEST).is_file() else None
+    repo_dir = cache_dir() / f"models--{target.repo.replace('/', '--')}"
+    commit = target.revision
+    if not COMMIT.fullmatch(commit):
+        ref = repo_dir / "refs" / commit
+        commit = ref.read_text().strip() if ref.is_file() else None
+    folder = repo_dir / "snapshots" / commit if commit else None
+    return folder if folder is not None and folder.is_dir() else None
+
+
+def _missing(target: Target, local_dir) -> list[str]:
+    if target.files is None:
+        return [f"a snapshot of {target.repo}@{target.revision}"]
+    return [f.name for f in target.files if _file_present(target, f.name, local_dir) is None]
+
+
+def _offline_message(target: Target, local_dir) -> str:
+    where = local_dir if local_dir is not None else f"the Hugging Face cache ({cache_dir()})"
+    return (f"{target.label} ({target.repo}@{target.revision}) is not downloaded and offline mode is on "
+            f"(HF_HUB_OFFLINE): missing {', '.join(_missing(target, local_dir))} in {where}. "
+            f"Download it once with network access: {_command(target, local_dir)}")
+
+
+# --- verification -----------------------------------------------------------------------------------------
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _verify(target: Target, f: PackageFile, path: Path, local_dir) -> None:
+    if f.size is not None and path.stat().st_size != f.size:
+        _reject(target, f.name, path, local_dir, "size", f"{f.size} bytes", f"{path.stat().st_size} bytes")
+    if f.sha256 is not None:
+        got = sha256_file(path)
+        if got != f.sha256.lower():
+            _reject(target, f.name, path, local_dir, "sha256", f.sha256.lower(), got)
+
+
+def _check_blob_name(target: Target, f: PackageFile, path: Path, local_dir) -> None:
+    """A cached LFS blob is named by the sha256 the hub reported: a cheap check without rereading it."""
+    blob = Path(os.path.realpath(path)).name
+    if local_dir is None and re.fullmatch(r"[0-9a-f]{64}", blob) and blob != f.sha256.lower():
+        _reject(target, f.name, path, local_dir, "sha256", f.sha256.lower(), blob)
+
+
+def _reject(target: Target, name: str, path: Path, local_dir, what: str, expected: str, got: str) -> None:
+    _delete_file(path, local_dir, name)
+    raise ModelError(f"{target.repo}@{target.revision} {name}: {what} mismatch: "
+                     f"expected {expected}, got {got}; "
+                     f"the file was removed, download it again: {_command(target, local_dir)}")
+
+
+def _delete_file(path: Path, local_dir, name: str) -> None:
+    """A downloaded file and what points at it: the blob behind a cache snapshot link, or local_dir metadata."""
+    blob = Path(os.path.realpath(path))
+    path.unlink(missing_ok=True)
+    if blob != path.absolute():
+        blob.unlink(missing_ok=True)
+    if local_dir is not None:
+        (Path(local_dir) / ".cache" / "huggingface" / "download" / f"{name}.metadata").unlink(missing_ok=True)
+
+
+# --- local_dir manifest -----------------------------------------------------------------------------------
+
+def _read_manifest(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / MANIFEST).read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_manifest(local_dir: Path, target: Target, revision: str) -> None:
+    files = [f.name for f in target.files] if target.files else sorted(
+        p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*")
+        if p.is_file() and ".cache" not in p.relative_to(local_dir).parts and p.name != MANIFEST)
+    manifest = {"package": target.package.name if target.package else None, "repo": target.repo,
+                "revision": revision, "files": files}
+    (local_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+
+
+def _local_dir_commit(local_dir, target: Target) -> str | None:
+    """The commit huggingface_hub recorded for a local_dir download (line 1 of its .metadata file)."""
+    if local_dir is None or COMMIT.fullmatch(target.revision):
+        return None
+    names = [f.name for f in target.files] if target.files else ["config.json"]
+    meta = Path(local_dir) / ".cache" / "huggingface" / "download" / f"{names[0]}.metadata"
+    try:
+        commit = meta.read_text("utf-8").splitlines()[0].strip()
+    except (OSError, IndexError):
+        return None
+    return commit if COMMIT.fullmatch(commit) else None
+
+
+# --- removal ----------------------------------------------------------------------------------------------
+
+def remove(name: str | None = None, *, revision: str | None = None, local_dir=None) -> int:
+    """Delete a package's files (the cached revision, or the files in local_dir); returns bytes freed."""
+    target = _target(name, revision)
+    if local_dir is not None:
+        return _remove_local(target, Path(local_dir).expanduser())
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        cache = scan_cache_dir(cache_dir())
+    except CacheNotFound:
+        cache = None
+    repos = cache.repos if cache else ()
+    repo = next((r for r in repos if r.repo_id == target.repo and r.repo_type == "model"), None)
+    explicit = target.revision_arg is not None or target.package is not None or "@" in target.label
+    revisions = [r for r in (repo.revisions if repo else ())
+                 if not explicit or r.commit_hash == target.revision or target.revision in r.refs]
+    if not revisions:
+        raise ModelError(f"{target.label} ({target.repo}@{target.revision}) is not in the cache "
+                         f"({cache_dir()})")
+    wanted = {f.name for f in target.files} if target.files else None
+    freed = 0
+    for rev in revisions:
+        names = {f.file_name for f in rev.files}
+        if wanted is None or names <= wanted:
+            strategy = cache.delete_revisions(rev.commit_hash)
+            freed += strategy.expected_freed_size
+            strategy.execute()
+        else:  # the revision holds other packages too (one GGUF repo, several quants): delete ours alone
+            freed += _remove_cached_files(repo, rev, wanted)
+    return freed
+
+
+def _remove_cached_files(repo, rev, wanted: set[str]) -> int:
+    others = {f.blob_path for r in repo.revisions for f in r.files
+              if r is not rev or f.file_name not in wanted}
+    freed = 0
+    for f in rev.files:
+        if f.file_name in wanted:
+            f.file_path.unlink(missing_ok=True)
+            if f.blob_path not in others and f.blob_path.exists():
+                freed += f.size_on_disk
+                f.blob_path.unlink()
+    return freed
+
+
+def _remove_local(target: Target, local_dir: Path) -> int:
+    manifest = _read_manifest(local_dir)
+    names = [f.name for f in target.files] if target.files else (manifest or {}).get("files", [])
+    present = [n for n in names if (local_dir / n).is_file()]
+    if not present:
+        raise ModelError(f"{target.label}: none of its files are in {local_dir}")
+    freed = 0
+    for n in present:
+        freed += (local_dir / n).stat().st_size
+        _delete_file(local_dir / n, local_dir, n)
+    if manifest is not None and manifest.get("repo") == target.repo:
+        (local_dir / MANIFEST).unlink(missing_ok=True)
+    return freed

@@ -1,0 +1,362 @@
+"""nanoasr.hub against a local fake hub: a threaded HTTP server on 127.0.0.1 that answers the few hub
+endpoints huggingface_hub calls (HEAD/GET resolve, revision info, tree). Nothing touches the network."""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+from nanoasr import hub
+from nanoasr.errors import ModelError
+
+OLD, NEW = "a" * 40, "b" * 40  # two commits of the GGUF repo; packages pin OLD, main points at NEW
+CKPT = "c" * 40
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class FakeHub:
+    """Repos as {repo: {"refs": {name: commit}, "commits": {commit: {filename: bytes}}}}."""
+
+    def __init__(self, repos: dict):
+        self.repos = repos
+        self.requests: list[tuple[str, str]] = []
+        handler = type("Handler", (_Handler,), {"hub": self})
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def commit(self, repo: str, revision: str) -> str | None:
+        refs, commits = self.repos[repo]["refs"], self.repos[repo]["commits"]
+        commit = refs.get(revision, revision)
+        return commit if commit in commits else None
+
+    def downloads(self, filename: str) -> list[str]:
+        return [path for method, path in self.requests if method == "GET" and path.endswith("/" + filename)]
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    hub: FakeHub
+    API = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)/(?P<kind>revision|tree)/(?P<rev>[^/?]+)")
+    RESOLVE = re.compile(r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>[^?]+)")
+
+    def log_message(self, *args):  # keep test output clean
+        pass
+
+    def do_HEAD(self):
+        self._serve(body=False)
+
+    def do_GET(self):
+        self._serve(body=True)
+
+    def _serve(self, body: bool):
+        self.hub.requests.append((self.command, self.path))
+        api, resolve = self.API.match(self.path), self.RESOLVE.fullmatch(self.path)
+        match = api or resolve
+        if match is None or match["repo"] not in self.hub.repos:
+            return self._error(404 if match else 400, "RepoNotFound", None)
+        commit = self.hub.commit(match["repo"], match["rev"])
+        if commit is None:
+            return self._error(404, "RevisionNotFound", None)
+        files = self.hub.repos[match["repo"]]["commits"][commit]
+        if api and api["kind"] == "revision":
+            info = {"id": api["repo"], "sha": commit, "siblings": [{"rfilename": n} for n in files]}
+            return self._send(json.dumps(info).encode(), commit, body)
+        if api:
+            tree = [{"type": "file", "path": n, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
+                    for n, d in files.items()]
+            return self._send(json.dumps(tree).encode(), commit, body)
+        if resolve["file"] not in files:
+            return self._error(404, "EntryNotFound", commit)
+        data = files[resolve["file"]]
+        self._send(data, commit, body, etag=sha256(data))
+
+    def _send(self, data: bytes, commit: str, body: bool, etag: str | None = None):
+        self.send_response(200)
+        self.send_header("X-Repo-Commit", commit)
+        self.send_header("ETag", f'"{etag or hashlib.sha1(data).hexdigest()}"')
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+    def _error(self, status: int, code: str, commit: str | None):
+        self.send_response(status)
+        self.send_header("X-Error-Code", code)
+        if commit:
+            self.send_header("X-Repo-Commit", commit)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+GGUF_OLD, GGUF_NEW = b"GGUF old revision " * 50, b"GGUF new revision " * 60
+CONFIG = b'{"model_type": "fun_asr_nano"}'
+REPOS = {
+    "test/gguf": {"refs": {"main": NEW}, "commits": {
+        OLD: {"m-q8_0.gguf": GGUF_OLD, "m-f16.gguf": GGUF_OLD + b"f16", "bad-q4_k_m.gguf": b"tampered"},
+        NEW: {"m-q8_0.gguf": GGUF_NEW, "m-f16.gguf": GGUF_NEW + b"f16"},
+    }},
+    "test/ckpt": {"refs": {"main": CKPT}, "commits": {
+        CKPT: {"config.json": CONFIG, "tokenizer.json": b"{}", "model.safetensors": b"\0" * 64,
+               "README.md": b"x"},
+    }},
+    "test/other": {"refs": {"main": CKPT}, "commits": {  # a repo no package describes
+        CKPT: {"config.json": CONFIG, "tokenizer.json": b"{}", "model.safetensors": b"\0" * 64,
+               "README.md": b"x", "other-Q4_K_M.gguf": b"GGUF q4"},
+    }},
+}
+
+
+def package(name, fmt, repo, revision, files):
+    return {"name": name, "description": f"test {name}", "format": fmt, "repo": repo, "revision": revision,
+            "files": files, "license": "Test License 1.0", "license_url": "https://example.org/license"}
+
+
+SPEC = {"default_package": "ckpt", "packages": [
+    package("ckpt", "safetensors", "test/ckpt", CKPT,
+            [{"name": "config.json"}, {"name": "tokenizer.json"},
+             {"name": "model.safetensors", "size": 64, "sha256": sha256(b"\0" * 64)}]),
+    package("q8", "gguf", "test/gguf", OLD,
+            [{"name": "m-q8_0.gguf", "size": len(GGUF_OLD), "sha256": sha256(GGUF_OLD)}]),
+    package("f16", "gguf", "test/gguf", OLD, [{"name": "m-f16.gguf", "size": None, "sha256": None}]),
+    package("bad", "gguf", "test/gguf", OLD,
+            [{"name": "bad-q4_k_m.gguf", "sha256": sha256(b"what the spec says")}]),
+]}
+
+
+@pytest.fixture
+def fake_hub():
+    server = FakeHub(REPOS)
+    server.thread.start()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
+
+
+@pytest.fixture
+def hf_env(fake_hub, tmp_path, monkeypatch):
+    """HF_HOME and HF_ENDPOINT for this test. huggingface_hub reads them when first imported, so its
+    constants are set to the same values, as a fresh process would compute them."""
+    from huggingface_hub import constants
+
+    home = tmp_path / "hf"
+    for name in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_TOKEN", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_ENDPOINT", fake_hub.url)
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for name, value in {"ENDPOINT": fake_hub.url, "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"),
+                        "HF_HUB_OFFLINE": False, "AGENT_HARNESSES_PATH": str(home / "agents.json"),
+                        "HUGGINGFACE_CO_URL_TEMPLATE":
+                            fake_hub.url + "/{repo_id}/resolve/{revision}/{filename}",
+                        "HF_TOKEN_PATH": str(home / "token"), "HF_STORED_TOKENS_PATH": str(home / "tokens")
+                        }.items():
+        monkeypatch.setattr(constants, name, value, raising=False)
+    monkeypatch.setattr(hub, "_spec", lambda: SPEC)
+    return home
+
+
+def test_default_package_downloads_only_its_files(hf_env, fake_hub):
+    resolved = hub.resolve(progress=False)
+    assert resolved.path.is_dir() and (resolved.path / "config.json").read_bytes() == CONFIG
+    assert (resolved.repo, resolved.revision, resolved.package.name) == ("test/ckpt", CKPT, "ckpt")
+    assert resolved.package.license == "Test License 1.0" and resolved.format == "safetensors"
+    assert str(resolved.path).startswith(str(hf_env / "hub"))
+    assert not (resolved.path / "README.md").exists() and not fake_hub.downloads("README.md")
+
+
+def test_pinned_revision_is_fetched_not_main(hf_env, fake_hub):
+    resolved = hub.resolve("q8", progress=False)
+    assert resolved.path.name == "m-q8_0.gguf" and resolved.path.read_bytes() == GGUF_OLD
+    assert resolved.revision == OLD and resolved.format == "gguf"
+    assert all(f"/resolve/{OLD}/" in p for p in fake_hub.downloads("m-q8_0.gguf"))
+    latest = hub.resolve("test/gguf@main:q8_0", progress=False)
+    assert latest.path.read_bytes() == GGUF_NEW and latest.revision == NEW and latest.package.name == "q8"
+    assert hub.resolve("q8", revision=NEW, progress=False).path.read_bytes() == GGUF_NEW
+    assert hub.resolve("test/gguf:q8_0", progress=False).revision == OLD  # a package's repo: pinned commit
+
+
+def test_second_resolve_uses_the_cache(hf_env, fake_hub):
+    first = hub.resolve("q8", progress=False)
+    count = len(fake_hub.requests)
+    assert hub.resolve("q8", progress=False).path == first.path
+    assert len(fake_hub.requests) == count  # a pinned commit already cached needs no request
+
+
+def test_sha256_mismatch_names_file_and_removes_it(hf_env, fake_hub):
+    with pytest.raises(ModelError) as err:
+        hub.resolve("bad", progress=False)
+    message = str(err.value)
+    assert "bad-q4_k_m.gguf" in message and "sha256 mismatch" in message
+    assert f"expected {sha256(b'what the spec says')}" in message and f"got {sha256(b'tampered')}" in message
+    leftovers = [p for p in (hf_env / "hub").rglob("*") if p.is_file() or p.is_symlink()]
+    assert not [p for p in leftovers if "bad-q4_k_m" in p.name or p.name == sha256(b"tampered")]
+    assert not os.path.lexists(hf_env / "hub" / "models--test--gguf" / "snapshots" / OLD / "bad-q4_k_m.gguf")
+
+
+def test_download_verifies_cached_files_again(hf_env, fake_hub):
+    path = hub.download("ckpt", progress=False).path / "model.safetensors"
+    blob = Path(os.path.realpath(path))
+    blob.chmod(0o644)
+    blob.write_bytes(b"\1" * 64)  # same size, other content
+    assert hub.resolve("ckpt", progress=False).path == path.parent  # cached: trusted without rereading
+    with pytest.raises(ModelError, match="model.safetensors: sha256 mismatch"):
+        hub.download("ckpt", progress=False)
+    assert not os.path.lexists(path) and not blob.exists()
+
+
+def test_size_mismatch_is_reported(hf_env, fake_hub, monkeypatch):
+    spec = json.loads(json.dumps(SPEC))
+    spec["packages"][1]["files"][0].update(size=7, sha256=None)
+    monkeypatch.setattr(hub, "_spec", lambda: spec)
+    with pytest.raises(ModelError, match=f"size mismatch: expected 7 bytes, got {len(GGUF_OLD)} bytes"):
+        hub.resolve("q8", progress=False)
+
+
+def test_offline_cached_works_without_requests(hf_env, fake_hub, monkeypatch):
+    online = hub.resolve("q8", progress=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    count = len(fake_hub.requests)
+    offline = hub.resolve("q8")
+    assert (offline.path, offline.revision, offline.package.name) == (online.path, OLD, "q8")
+    assert hub.resolve("test/gguf@main:q8_0", offline=False, progress=False).revision == NEW
+    assert hub.resolve("test/gguf@main:q8_0").path.read_bytes() == GGUF_NEW  # refs/main was recorded
+    assert len(fake_hub.requests) > count
+    count = len(fake_hub.requests)
+    hub.resolve("q8")
+    assert len(fake_hub.requests) == count
+
+
+def test_offline_missing_says_what_and_how(hf_env, fake_hub, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError) as err:
+        hub.resolve("f16")
+    message = str(err.value)
+    assert "offline" in message and "m-f16.gguf" in message and str(hf_env / "hub") in message
+    assert "python -m nanoasr models download f16" in message
+    assert not fake_hub.requests
+    with pytest.raises(ModelError, match=r"models download test/ckpt@main"):
+        hub.resolve("test/ckpt@main")
+    with pytest.raises(ModelError, match=r"models download q8 --revision " + NEW):
+        hub.resolve("q8", revision=NEW)
+    assert not fake_hub.requests
+
+
+def test_offline_parameter_overrides_environment(hf_env, fake_hub):
+    with pytest.raises(ModelError, match="offline"):
+        hub.resolve("q8", offline=True)
+    assert not fake_hub.requests
+
+
+def test_package_repo_at_a_branch_uses_the_package_files(hf_env, fake_hub):
+    resolved = hub.resolve("test/ckpt@main", progress=False)
+    assert resolved.revision == CKPT and resolved.package.name == "ckpt"
+    assert not fake_hub.downloads("README.md")
+
+
+def test_other_repo_snapshot_takes_checkpoint_files_only(hf_env, fake_hub):
+    resolved = hub.resolve("test/other", progress=False)
+    assert (resolved.repo, resolved.revision, resolved.package) == ("test/other", CKPT, None)
+    names = sorted(p.name for p in resolved.path.iterdir())
+    assert names == ["config.json", "model.safetensors", "tokenizer.json"]
+    quant = hub.resolve("test/other:q4_k_m", progress=False)
+    assert quant.path.name == "other-Q4_K_M.gguf" and quant.format == "gguf" and quant.revision == CKPT
+    assert hub.resolve("test/other:q4_k_m", offline=True).path == quant.path
+
+
+def test_local_dir_download_manifest_and_remove(hf_env, fake_hub, tmp_path):
+    target = tmp_path / "models" / "q8"
+    resolved = hub.download("q8", local_dir=target, progress=False)
+    assert resolved.path == target / "m-q8_0.gguf" and resolved.path.read_bytes() == GGUF_OLD
+    assert not (hf_env / "hub" / "models--test--gguf").exists()
+    manifest = json.loads((target / hub.MANIFEST).read_text())
+    assert manifest == {"package": "q8", "repo": "test/gguf", "revision": OLD, "files": ["m-q8_0.gguf"]}
+    local = hub.resolve(str(resolved.path))  # a path: provenance from the manifest beside it
+    assert (local.repo, local.revision, local.package.name) == ("test/gguf", OLD, "q8")
+    assert hub.resolve("q8", local_dir=target, offline=True).path == resolved.path
+    assert hub.remove("q8", local_dir=target) == len(GGUF_OLD)
+    assert not resolved.path.exists() and not (target / hub.MANIFEST).exists()
+    with pytest.raises(ModelError, match="offline"):
+        hub.resolve("q8", local_dir=target, offline=True)
+
+
+def test_remove_cached_revision(hf_env, fake_hub):
+    from huggingface_hub import scan_cache_dir
+
+    ckpt = hub.resolve("ckpt", progress=False)
+    assert hub.info("ckpt")["cached"]
+    freed = hub.remove("ckpt")
+    assert freed == len(CONFIG) + 2 + 64 and not ckpt.path.exists() and not hub.info("ckpt")["cached"]
+    assert not [r for r in scan_cache_dir(hf_env / "hub").repos if r.repo_id == "test/ckpt" and r.revisions]
+    with pytest.raises(ModelError, match="not in the cache"):
+        hub.remove("ckpt")
+
+
+def test_remove_one_package_of_a_shared_revision(hf_env, fake_hub):
+    q8, f16 = hub.resolve("q8", progress=False), hub.resolve("f16", progress=False)
+    assert hub.remove("q8") == len(GGUF_OLD)
+    assert not os.path.lexists(q8.path) and f16.path.read_bytes() == GGUF_OLD + b"f16"
+    assert hub.info("f16")["cached"] and not hub.info("q8")["cached"]
+
+
+def test_existing_local_paths_are_used_directly(hf_env, fake_hub, tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "x.gguf").write_bytes(b"GGUF")
+    for model in (tmp_path / "ckpt", str(tmp_path / "x.gguf")):
+        resolved = hub.resolve(model)
+        assert resolved.path == Path(model)
+        assert (resolved.repo, resolved.revision, resolved.package) == (None, None, None)
+    cached = hub.resolve("q8", progress=False)
+    from_cache = hub.resolve(str(cached.path))
+    assert (from_cache.repo, from_cache.revision, from_cache.package.name) == ("test/gguf", OLD, "q8")
+    assert not [r for r in fake_hub.requests if "x.gguf" in r[1] or "ckpt" in r[1]]
+
+
+@pytest.mark.parametrize("model", ["./missing", "~/missing-dir", "missing.gguf", "/abs/missing", "a/b/c"])
+def test_missing_paths_fail_without_hub_lookup(hf_env, fake_hub, model):
+    with pytest.raises(ModelError, match="no such model directory or .gguf file"):
+        hub.resolve(model)
+    assert not fake_hub.requests
+
+
+def test_hub_errors_are_one_clear_line(hf_env, fake_hub):
+    cases = {"nobody/nothing@main": "no such model repository", "test/gguf@feature:q8_0": "no revision 'feature'",
+             "test/other@main:q4_0": "expected one .gguf", "test/gguf:q2_k": "no package with quant 'q2_k'",
+             "unknown name": "not a model directory"}
+    for model, expected in cases.items():
+        with pytest.raises(ModelError, match=expected) as err:
+            hub.resolve(model, progress=False)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ModelError, match="name one: q8 .test/gguf:q8_0., f16"):
+        hub.resolve("test/gguf")
+    with pytest.raises(ModelError, match="no model package named 'nope'; known packages: ckpt, q8"):
+        hub.get_package("nope")
+
+
+def test_real_spec_packages_are_pinned_and_licensed():
+    packages = {p.name: p for p in hub.list_packages()}
+    raw = json.loads(Path(hub.__file__).with_name("model_specs").joinpath("fun_asr_nano.json").read_text())
+    assert set(packages) == {p["name"] for p in raw["packages"]}
+    default = hub.default_package()
+    assert default.name == raw["default_package"] and default.repo == "FunAudioLLM/Fun-ASR-Nano-2512-hf"
+    for p in packages.values():
+        assert re.fullmatch(r"[0-9a-f]{40}", p.revision) and p.license and p.files
+    assert {p.quant for p in packages.values() if p.format == "gguf"} >= {"q8_0", "f16"}
+
+
+def test_import_is_light():
+    import subprocess
+    import sys
+
+    code = "import nanoasr, nanoasr.hub, sys; print('huggingface_hub' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "False"
