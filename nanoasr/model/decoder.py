@@ -73,12 +73,14 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
     k = apply_rope(rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps), *rope)
     _write_cache(cache, i, rows, start, k, v)
     m = mask.shape[-1]
-    keys = cache.k[i, rows, :, :m][:, :, None]  # [B, kvh, 1, m, hd] (a view of the cache)
-    values = cache.v[i, rows, :, :m][:, :, None]
-    q = q.reshape(b, n, kvh, group, hd).transpose(0, 2, 3, 1, 4)  # [B, kvh, g, n, hd]
-    scores = (q * np.float32(hd ** -0.5)) @ xp.swapaxes(keys, -1, -2)  # [B, kvh, g, n, m]
+    keys = cache.k[i, rows, :, :m]  # [B, kvh, m, hd] (a view of the cache)
+    values = cache.v[i, rows, :, :m]
+    # the query heads sharing a kv head become one [g*n, hd] matrix, so each product is one plain GEMM
+    q = xp.ascontiguousarray((q * np.float32(hd ** -0.5)).reshape(b, n, kvh, group, hd).transpose(0, 2, 3, 1, 4))
+    scores = (q.reshape(b, kvh, group * n, hd) @ xp.swapaxes(keys, -1, -2)).reshape(b, kvh, group, n, m)
     scores = xp.where(mask[:, None, None], scores, np.float32(-np.inf))
-    attn = (softmax(scores) @ values).transpose(0, 3, 1, 2, 4).reshape(b, n, -1)  # [B, n, heads*hd]
+    attn = softmax(scores).reshape(b, kvh, group * n, m) @ values  # [B, kvh, g*n, hd]
+    attn = attn.reshape(b, kvh, group, n, hd).transpose(0, 3, 1, 2, 4).reshape(b, n, -1)  # [B, n, heads*hd]
     x = x + linear(attn, w[p + "self_attn.o_proj.weight"])
     h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
     gated = silu(linear(h, w[p + "mlp.gate_proj.weight"])) * linear(h, w[p + "mlp.up_proj.weight"])
