@@ -462,7 +462,7 @@ def _reject(target: Target, name: str, path: Path, local_dir, what: str, expecte
 
 
 def _delete_file(path: Path, local_dir, name: str) -> None:
-    """A downloaded file and what points at it: the blob behind a cache snapshot link, or local_dir metadata."""
+    """A downloaded file and what points at it: the blob behind a cache link, or local_dir metadata."""
     blob = Path(os.path.realpath(path))
     path.unlink(missing_ok=True)
     if blob != path.absolute():

@@ -32,7 +32,7 @@ class FakeHub:
         handler = type("Handler", (_Handler,), {"hub": self})
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
 
     def commit(self, repo: str, revision: str) -> str | None:
         refs, commits = self.repos[repo]["refs"], self.repos[repo]["commits"]
@@ -328,7 +328,8 @@ def test_missing_paths_fail_without_hub_lookup(hf_env, fake_hub, model):
 
 
 def test_hub_errors_are_one_clear_line(hf_env, fake_hub):
-    cases = {"nobody/nothing@main": "no such model repository", "test/gguf@feature:q8_0": "no revision 'feature'",
+    cases = {"nobody/nothing@main": "no such model repository",
+             "test/gguf@feature:q8_0": "no revision 'feature'",
              "test/other@main:q4_0": "expected one .gguf", "test/gguf:q2_k": "no package with quant 'q2_k'",
              "unknown name": "not a model directory"}
     for model, expected in cases.items():

@@ -1,0 +1,160 @@
+"""nanoasr doctor: what this machine offers nanoasr, for bug reports and "why is it slow" questions.
+
+Versions, backends (CPU, CUDA/CuPy), BLAS and numba threads, CPU features, and the model that
+`--model` resolves to from local files (the doctor never downloads). Always exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+
+DISTRIBUTIONS = ("numpy", "numba", "llvmlite", "gguf", "safetensors", "tokenizers", "huggingface_hub",
+                 "soundfile", "soxr", "threadpoolctl", "cupy-cuda12x", "cupy")
+CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avx512bf16", "amx-tile")
+PROC_FLAGS = {"avx512bf16": "avx512_bf16", "avx512vnni": "avx512_vnni", "amx-tile": "amx_tile"}
+ENVIRONMENT = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
+               "NUMBA_THREADING_LAYER", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT", "HF_HUB_OFFLINE")
+SECRETS = ("HF_TOKEN",)  # reported as set or not, never shown
+
+
+def versions() -> dict:
+    import nanoasr
+
+    out = {"python": platform.python_version(), "nanoasr": nanoasr.__version__}
+    for name in DISTRIBUTIONS:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            if not name.startswith("cupy"):
+                out[name] = None
+    return out
+
+
+def system() -> dict:
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {"platform": platform.platform(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
+            "cpus_usable": affinity, "implementation": platform.python_implementation()}
+
+
+def backends() -> dict:
+    from nanoasr.backend import cuda_status
+
+    usable, reason = cuda_status()
+    return {"cpu": True, "cuda": usable, "cuda_status": reason}
+
+
+def blas() -> list[dict]:
+    import numpy  # noqa: F401  (loads the BLAS threadpoolctl reports)
+    from threadpoolctl import threadpool_info
+
+    keys = ("user_api", "internal_api", "version", "num_threads", "threading_layer", "architecture",
+            "filepath")
+    return [{k: pool.get(k) for k in keys if k in pool} for pool in threadpool_info()]
+
+
+def numba_info() -> dict:
+    try:
+        import numba
+    except ImportError as exc:
+        return {"error": f"numba does not import: {exc}"}
+    out = {"threading_layer_requested": numba.config.THREADING_LAYER, "threads": numba.get_num_threads(),
+           "max_threads": numba.config.NUMBA_NUM_THREADS}
+    try:
+        out["threading_layer"] = _parallel_layer(numba)
+    except Exception as exc:  # numba raises several kinds when no threading layer loads
+        out["threading_layer"] = f"unavailable ({type(exc).__name__}: {exc})"
+    return out
+
+
+def _parallel_layer(numba) -> str:
+    """numba reports its threading layer only after a parallel function has run once."""
+    @numba.njit(parallel=True)
+    def total(x):
+        s = 0.0
+        for i in numba.prange(x.shape[0]):
+            s += x[i]
+        return s
+
+    import numpy as np
+
+    total(np.ones(64))
+    return numba.threading_layer()
+
+
+def cpu() -> dict:
+    try:
+        import llvmlite.binding as llvm
+
+        features = llvm.get_host_cpu_features()
+        return {"name": llvm.get_host_cpu_name(), "source": "llvmlite",
+                "features": {f: bool(features.get(f, False)) for f in CPU_FLAGS}}
+    except Exception:  # llvmlite missing or unable to query the host: fall back to the kernel's view
+        return {"name": platform.processor() or None, "source": "/proc/cpuinfo", "features": _proc_flags()}
+
+
+def _proc_flags() -> dict:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            flags = next((line.split(":", 1)[1].split() for line in fh if line.startswith("flags")), [])
+    except OSError:
+        return {}
+    return {f: PROC_FLAGS.get(f, f) in flags for f in CPU_FLAGS}
+
+
+def environment() -> dict:
+    out = {name: os.environ.get(name) for name in ENVIRONMENT}
+    out.update({name: "set" if os.environ.get(name) else None for name in SECRETS})
+    return out
+
+
+def model(value: str | None) -> dict:
+    """What `--model value` resolves to from local files alone."""
+    from nanoasr import hub
+    from nanoasr.errors import NanoasrError
+
+    try:
+        resolved = hub.resolve(value, offline=True, progress=False)
+    except NanoasrError as exc:
+        return {"requested": value, "resolved": False, "error": str(exc)}
+    package = resolved.package
+    return {"requested": value, "resolved": True, "path": str(resolved.path), "repo": resolved.repo,
+            "revision": resolved.revision, "format": resolved.format,
+            "package": package.name if package else None,
+            "license": package.license if package else None, "quant": package.quant if package else None}
+
+
+def report(model_value: str | None) -> dict:
+    return {"versions": versions(), "system": system(), "backends": backends(), "blas": blas(),
+            "numba": numba_info(), "cpu": cpu(), "environment": environment(), "model": model(model_value)}
+
+
+def format_text(data: dict) -> str:
+    lines = []
+    for section, body in data.items():
+        lines.append(f"[{section}]")
+        if section == "blas":
+            body = {f"{pool.get('internal_api')} {i}": ", ".join(f"{k}={v}" for k, v in pool.items()
+                                                                  if k != "internal_api")
+                    for i, pool in enumerate(body)} or {"none": "threadpoolctl found no BLAS or OpenMP pool"}
+        if section == "cpu":
+            body = dict(body, features=" ".join(f if on else f"-{f}" for f, on in body["features"].items()))
+        width = max(len(k) for k in body) + 1
+        lines += [f"  {k + ':':<{width}} {'-' if v is None else v}" for k, v in body.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nanoasr doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="model to look for (default: the default package)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    data = report(args.model)
+    print(json.dumps(data, indent=1, ensure_ascii=False) if args.json else format_text(data))
+    return 0
