@@ -200,7 +200,8 @@ def describe_local(path: Path) -> Resolved:
         try:
             manifest = json.loads((folder / MANIFEST).read_text("utf-8"))
             repo, revision, name = manifest.get("repo"), manifest.get("revision"), manifest.get("package")
-            package = next((p for p in list_packages() if p.name == name), None)
+            if path.is_dir() or path.name in manifest.get("files", ()):  # one folder may hold several GGUFs
+                package = next((p for p in list_packages() if p.name == name), None)
         except (OSError, ValueError, AttributeError):
             pass  # an unreadable manifest only loses the provenance, never the model
     if package is None and repo is not None:
@@ -560,6 +561,6 @@ def _remove_local(target: Target, local_dir: Path) -> int:
     for n in present:
         freed += (local_dir / n).stat().st_size
         _delete_file(local_dir / n, local_dir, n)
-    if manifest is not None and manifest.get("repo") == target.repo:
+    if manifest is not None and not any((local_dir / n).is_file() for n in manifest.get("files", ())):
         (local_dir / MANIFEST).unlink(missing_ok=True)
     return freed

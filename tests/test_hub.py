@@ -282,6 +282,10 @@ def test_local_dir_download_manifest_and_remove(hf_env, fake_hub, tmp_path):
     local = hub.resolve(str(resolved.path))  # a path: provenance from the manifest beside it
     assert (local.repo, local.revision, local.package.name) == ("test/gguf", OLD, "q8")
     assert hub.resolve("q8", local_dir=target, offline=True).path == resolved.path
+    hub.download("f16", local_dir=target, progress=False)  # a second package in the same folder
+    assert hub.resolve(str(resolved.path)).package.name == "q8"
+    assert hub.resolve(str(target / "m-f16.gguf")).package.name == "f16"
+    assert hub.remove("f16", local_dir=target) == len(GGUF_OLD) + 3
     assert hub.remove("q8", local_dir=target) == len(GGUF_OLD)
     assert not resolved.path.exists() and not (target / hub.MANIFEST).exists()
     with pytest.raises(ModelError, match="offline"):
