@@ -9,7 +9,8 @@ cpu = pytest.importorskip("nanoasr.kernels.cpu")
 DTYPES = ["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"]
 GGUF_TYPE = {"q8_0": GT.Q8_0, "q4_k": GT.Q4_K, "q6_k": GT.Q6_K}
 F16_FIELDS = {"q8_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}  # byte offsets of the f16 scales in a block
-SHAPES = [(48, 512), (256, 768), (5, 256)]  # non-square, odd row counts; row lengths fit every block type
+SHAPES = [(48, 512), (256, 768), (5, 256)]
+BATCHES = [1, 3, 8, 11]  # 11: more than one pass of eight  # non-square, odd row counts; row lengths fit every block type
 TOL = 1e-5  # ||y - y_ref|| / ||y_ref|| for each row of the output
 
 
@@ -50,7 +51,7 @@ def test_widen_is_bit_identical(dtype, rows, cols):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,cols", SHAPES)
-@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("batch", BATCHES)
 def test_matvec_matches_dequantized_matmul(dtype, rows, cols, batch):
     rng = np.random.default_rng(rows * cols + batch)
     data, w = stored(rng, dtype, rows, cols)
@@ -82,6 +83,27 @@ def test_subnormal_and_signed_zero_scales_widen_exactly():
     out = np.empty((rows, cols), np.float32)
     cpu.widen(data, "q8_0", rows, cols, out)
     np.testing.assert_array_equal(out.view(np.uint32), dequantize(data, GT.Q8_0).view(np.uint32))
+
+
+def test_every_f16_scale_is_read_exactly():
+    """All 65536 f16 bit patterns as Q8_0 scales: widen converts them as numpy does (NaNs stay NaN), and the
+    product (its own integer conversion) gives d * 1 * 1 for every finite d."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    data = np.zeros((bits.size, 34), np.uint8)
+    data[:, 0:2] = bits.view(np.uint8).reshape(-1, 2)
+    data[:, 2] = 1
+    ref = bits.view(np.float16).astype(np.float32)
+    out = np.empty((bits.size, 32), np.float32)
+    cpu.widen(data, "q8_0", bits.size, 32, out)
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(out[~nan, 0].view(np.uint32), ref[~nan].view(np.uint32))
+    assert np.isnan(out[nan, 0]).all()
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0] = 1
+    y = np.empty((1, bits.size), np.float32)
+    cpu.matvec(x, data, "q8_0", bits.size, 32, y)
+    finite = np.isfinite(ref)
+    np.testing.assert_array_equal(y[0, finite], ref[finite])
 
 
 def test_matvec_writes_into_the_given_buffer():

@@ -1,0 +1,130 @@
+"""Decode-time matrix-vector kernels at the Qwen3-0.6B decoder's shapes: ms per call and weight GB/s.
+
+    python tools/kernel_bench.py [--threads 2] [--batch 1 8] [--dtypes f16 q8_0 ...] [--json out.json]
+
+Weights stream from memory as in decoding: each shape is timed over enough distinct copies of the matrix to
+overflow the last-level cache. GB/s counts the stored bytes of the matrix read per call. The per-token line
+adds 28 layers of q/k/v/o/gate/up/down plus the LM head. Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+unset (it re-executes itself without them), as users' machines have them.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+_OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+if any(v in os.environ for v in _OPENBLAS_VARS):
+    env = {k: v for k, v in os.environ.items() if k not in _OPENBLAS_VARS}
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from nanoasr.kernels import cpu  # noqa: E402
+
+HIDDEN, HEAD_DIM, Q_HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 1024, 128, 16, 8, 3072, 151936, 28
+SHAPES = {  # name: (rows = out_features, cols = in_features)
+    "q": (Q_HEADS * HEAD_DIM, HIDDEN),
+    "k": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "v": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "o": (HIDDEN, Q_HEADS * HEAD_DIM),
+    "gate": (FFN, HIDDEN),
+    "up": (FFN, HIDDEN),
+    "down": (HIDDEN, FFN),
+    "lm_head": (VOCAB, HIDDEN),
+}
+DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_k", "q6_k")
+F16_FIELDS = {"q8_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}
+COLD_BYTES = 192 << 20  # six times the 32 MiB L3 of the reference machine
+
+
+def stored_matrix(rng, dtype: str, rows: int, cols: int) -> np.ndarray:
+    """Random stored data of a [rows, cols] weight (block scales finite, so the arithmetic is ordinary)."""
+    if dtype == "f32":
+        return rng.standard_normal((rows, cols), np.float32)
+    if dtype == "f16":
+        return rng.standard_normal((rows, cols), np.float32).astype(np.float16)
+    if dtype == "bf16":
+        return rng.integers(0, 1 << 16, (rows, cols), dtype=np.uint16) & np.uint16(0xBFFF)
+    per, nbytes = cpu.QK[dtype]
+    raw = rng.integers(0, 256, (rows, cols // per, nbytes), dtype=np.uint8)
+    for at in F16_FIELDS[dtype]:
+        scale = rng.uniform(-0.05, 0.05, (rows, cols // per)).astype(np.float16)
+        raw[:, :, at:at + 2] = scale.view(np.uint8).reshape(rows, cols // per, 2)
+    return raw.reshape(rows, -1)
+
+
+def time_shape(rng, dtype: str, rows: int, cols: int, batch: int, reps: int) -> dict:
+    """Best and median ms per call over `reps` passes through distinct copies of one matrix."""
+    first = stored_matrix(rng, dtype, rows, cols)
+    copies = [first] + [first.copy() for _ in range(max(0, COLD_BYTES // first.nbytes - 1))]
+    x = rng.standard_normal((batch, cols), np.float32)
+    out = np.empty((batch, rows), np.float32)
+    cpu.matvec(x, first, dtype, rows, cols, out)  # compile or load from the cache
+    per_call = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for data in copies:
+            cpu.matvec(x, data, dtype, rows, cols, out)
+        per_call.append((time.perf_counter() - start) / len(copies))
+    best, median = min(per_call), float(np.median(per_call))
+    return {"dtype": dtype, "shape": [rows, cols], "batch": batch, "bytes": int(first.nbytes),
+            "ms_best": best * 1e3, "ms_median": median * 1e3,
+            "gbps_best": first.nbytes / best / 1e9, "gbps_median": first.nbytes / median / 1e9}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--json", type=pathlib.Path)
+    args = ap.parse_args(argv)
+
+    import numba
+
+    numba.set_num_threads(args.threads)
+    cpu_name = platform.processor() or platform.machine()
+    print(f"threads {numba.get_num_threads()}, numba {numba.__version__}, {cpu_name}, "
+          f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')}")
+    rng = np.random.default_rng(0)
+    results = []
+    print(f"{'dtype':6} {'B':>2} {'shape':>8} {'rows x cols':>14} {'MB':>7} {'ms best':>9} {'ms median':>9} "
+          f"{'GB/s best':>9} {'GB/s med':>9}")
+    for batch in args.batch:
+        for dtype in args.dtypes:
+            per_shape = {}
+            for name in args.shapes:
+                rows, cols = SHAPES[name]
+                r = time_shape(rng, dtype, rows, cols, batch, args.reps)
+                r["name"] = name
+                results.append(r)
+                per_shape[name] = r
+                print(f"{dtype:6} {batch:>2} {name:>8} {rows:>7}x{cols:<6} {r['bytes'] / 1e6:7.2f} "
+                      f"{r['ms_best']:9.3f} {r['ms_median']:9.3f} {r['gbps_best']:9.1f} "
+                      f"{r['gbps_median']:9.1f}", flush=True)
+            if set(per_shape) == set(SHAPES):
+                layer = sum(per_shape[n]["ms_median"] for n in SHAPES if n != "lm_head")
+                token = LAYERS * layer + per_shape["lm_head"]["ms_median"]
+                nbytes = LAYERS * sum(per_shape[n]["bytes"] for n in SHAPES if n != "lm_head") \
+                    + per_shape["lm_head"]["bytes"]
+                print(f"{dtype:6} {batch:>2} decoder step (28 layers + LM head, medians): {token:.1f} ms, "
+                      f"{nbytes / token / 1e6:.1f} GB/s")
+                results.append({"dtype": dtype, "batch": batch, "name": "decoder_step", "ms_median": token,
+                                "bytes": nbytes, "gbps_median": nbytes / token / 1e6})
+    if args.json:
+        args.json.write_text(json.dumps({"threads": args.threads, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
