@@ -1,4 +1,4 @@
-"""The library surface: inputs Model.transcribe takes, the Transcript it returns, batches, threads, imports."""
+"""The library surface: what Model.transcribe takes, the Transcript it returns, batches, threads, imports."""
 from __future__ import annotations
 
 import io
@@ -142,8 +142,8 @@ def test_bad_input_and_options_raise_value_errors(tiny_model, wave):
 
 def test_load_model_and_import_stay_light(tiny_dir):
     code = ("import sys, nanoasr\n"
-            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'numba', 'cupy', 'torch', 'transformers', "
-            "'huggingface_hub', 'tokenizers', 'soundfile', 'fastapi'})\n"
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'numba', 'cupy', 'torch', "
+            "'transformers', 'huggingface_hub', 'tokenizers', 'soundfile', 'fastapi'})\n"
             "print(','.join(heavy))\n"
             "assert nanoasr.Model.__name__ == 'Model'\n"
             f"m = nanoasr.load_model({str(tiny_dir)!r})\n"

@@ -17,7 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import soundfile
 
@@ -30,7 +29,7 @@ SR = 16000
 
 def run(*args, stdin: bytes | None = None, cwd=None, stderr=subprocess.PIPE):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "nanoasr", *map(str, args)], input=stdin, capture_output=False,
+    return subprocess.run([sys.executable, "-m", "nanoasr", *map(str, args)], input=stdin,
                           stdout=subprocess.PIPE, stderr=stderr, cwd=cwd, env=env, timeout=300)
 
 
@@ -40,7 +39,7 @@ def lines(data: bytes) -> list[str]:
 
 @pytest.fixture(scope="module")
 def audio(tmp_path_factory) -> Path:
-    """audio/{one.wav, two.flac, notes.txt, .hidden.wav, sub/three.wav}, bad/{broken.wav, empty.wav}, empty/."""
+    """audio/{one.wav, two.flac, notes.txt, .hidden.wav, sub/three.wav}, bad/{broken,empty}.wav, empty/."""
     root = tmp_path_factory.mktemp("cli")
     (root / "audio" / "sub").mkdir(parents=True)
     soundfile.write(root / "audio" / "one.wav", speech_like(7.0, seed=1), SR)
@@ -199,8 +198,8 @@ def test_every_transcription_option_reaches_the_model(tmp_path, fake, capsys):
     hotwords.write_text("# names\nAlice\n\n  Bob  \n", encoding="utf-8")
     code = cli.main([str(tmp_path / "a.wav"), "--model", "some/repo@abc", "--device", "cpu", "--threads", "3",
                      "--language", "English", "--no-itn", "--hotword", "Carol", "--hotword", "Dave",
-                     "--hotwords-file", str(hotwords), "--context", "a meeting", "--reference", "transformers",
-                     "--max-new-tokens", "7"])
+                     "--hotwords-file", str(hotwords), "--context", "a meeting",
+                     "--reference", "transformers", "--max-new-tokens", "7"])
     assert code == 0 and capsys.readouterr().out == "hi\n"
     assert fake.loads == [dict(model="some/repo@abc", device="cpu", threads=3)]
     assert fake.calls == [dict(sample_rate=SR, language="English", itn=False,
@@ -234,7 +233,8 @@ def test_help_lists_every_option_with_its_default():
     done = run("--help")
     assert done.returncode == 0 and done.stderr == b""
     text = done.stdout.decode()
-    options = [a for a in cli.build_parser()._actions if a.option_strings and a.dest not in ("help", "version")]
+    options = [a for a in cli.build_parser()._actions
+               if a.option_strings and a.dest not in ("help", "version")]
     assert len(options) >= 16
     entries = []  # an option's entry starts on a line "  -x, --xx ..." and runs until the next
     for line in text.partition("\n\n")[2].splitlines():
@@ -258,8 +258,8 @@ def test_all_formats_mixed_good_and_bad_inputs(audio, tiny_dir, tmp_path):
     bad = [audio / "bad" / "broken.wav", audio / "bad" / "empty.wav", audio / "missing.wav", audio / "empty"]
     done = run(audio / "audio" / "one.wav", *bad[:2], audio / "audio" / "two.flac", *bad[2:],
                "--model", tiny_dir, "-f", "all", "-o", out, "--language", "en", "--no-itn",
-               "--hotword", "Carol", "--hotwords-file", hotwords, "--context", "a test", "--reference", "transformers",
-               "--max-new-tokens", "3", "--threads", "1", "--device", "cpu")
+               "--hotword", "Carol", "--hotwords-file", hotwords, "--context", "a test",
+               "--reference", "transformers", "--max-new-tokens", "3", "--threads", "1", "--device", "cpu")
     assert done.returncode == 1
     errors = [line for line in lines(done.stderr) if line.startswith("nanoasr: error: ")]
     assert len(errors) == len(bad) and len(lines(done.stderr)) == len(bad) + 1  # + the truncation warning
@@ -299,7 +299,8 @@ def test_stdin_directories_recursive_and_json_lines(audio, tiny_dir, tmp_path):
     assert all(line.startswith("nanoasr: warning: ") for line in lines(done.stderr))  # no progress when piped
 
     out = tmp_path / "out"
-    done = run("-", audio / "audio", "--recursive", "--model", tiny_dir, "-f", "json,srt", "-o", out, stdin=two)
+    done = run("-", audio / "audio", "--recursive", "--model", tiny_dir, "-f", "json,srt", "-o", out,
+               stdin=two)
     assert done.returncode == 0, done.stderr
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert written == sorted(f"{stem}.{fmt}" for stem in ("stdin", "one", "two", "sub/three")
@@ -317,7 +318,8 @@ def test_skip_existing_and_overwrite(audio, tiny_dir, tmp_path):
         for fmt in ("txt", "srt"):
             (out / f"{stem}.{fmt}").write_text("kept\n")
     (out / "two.srt").unlink()
-    done = run(audio / "audio", "-r", "--model", tiny_dir, "-f", "txt,srt", "-o", out, "--skip-existing", "-v")
+    done = run(audio / "audio", "-r", "--model", tiny_dir, "-f", "txt,srt", "-o", out, "--skip-existing",
+               "-v")
     assert done.returncode == 0, done.stderr
     err = done.stderr.decode()
     assert err.count("skipped, its outputs exist") == 2 and "model loaded" in err
@@ -402,6 +404,7 @@ def test_readme_tour_commands(tiny_dir, tmp_path):
     (python,) = readme_blocks("python")
     assert "nanoasr.load_model()" in python
     code = python.replace("nanoasr.load_model()", f"nanoasr.load_model({str(tiny_dir)!r})")
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr.decode()
     parse_srt((tmp_path / "meeting.srt").read_text(encoding="utf-8"))
