@@ -44,8 +44,8 @@ def compression_ratio(text: str) -> float:
 def verbose_json(transcript, language_code) -> dict:
     segments = [
         {"id": i, "seek": int(round(s.start * 100)), "start": s.start, "end": s.end, "text": s.text,
-         "tokens": list(s.token_ids), "temperature": 0.0, "avg_logprob": s.avg_logprob, "compression_ratio": compression_ratio(s.text),
-         "no_speech_prob": 0.0}
+         "tokens": list(s.token_ids), "temperature": 0.0, "avg_logprob": s.avg_logprob,
+         "compression_ratio": compression_ratio(s.text), "no_speech_prob": 0.0}
         for i, s in enumerate(x for x in transcript.segments if x.text)
     ]
     return {"task": "transcribe", "language": LANGUAGE_NAMES.get(language_code, "auto"),
@@ -110,6 +110,8 @@ class UploadForm:
             self._file = tempfile.NamedTemporaryFile(dir=self.upload_dir, prefix="nanoasr-upload-",
                                                      suffix=upload_suffix(self.filename), delete=False)
             self.path = self._file.name
+        elif b"filename" in options:
+            pass  # a file under another name: not ours to read
         elif sum(len(v) for v in self.fields.values()) >= MAX_FIELDS:
             self._reject(ApiError(400, f"at most {MAX_FIELDS} form fields are accepted"))
         else:
@@ -175,7 +177,7 @@ def too_large(limit: int, size) -> ApiError:
 
 
 async def read_upload(request, upload_dir, max_bytes: int) -> UploadForm:
-    """The request's form, its file part on disk; raises ApiError (the temporary file removed) on bad input."""
+    """The request's form with its file part on disk; on bad input, ApiError (the temporary file removed)."""
     from python_multipart.exceptions import FormParserError
     from python_multipart.multipart import MultipartParser, parse_options_header
     from starlette.requests import ClientDisconnect
@@ -223,6 +225,7 @@ class Queue:
     def __init__(self, limit: int):
         self.limit = limit
         self.pending = 0
+        self.served = 0  # admitted requests the worker has finished, answered with a transcript or an error
         self._lock = threading.Lock()
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nanoasr-worker")
 
@@ -236,6 +239,7 @@ class Queue:
     def release(self) -> None:
         with self._lock:
             self.pending -= 1
+            self.served += 1
 
 
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
@@ -260,7 +264,8 @@ def request_options(fields: dict) -> dict:
     from nanoasr.model.prompt import MAX_HOTWORDS, language_code
 
     if last(fields, "model") is None:
-        raise ApiError(400, "the 'model' field is required (any name; this server has one model)", param="model")
+        raise ApiError(400, "the 'model' field is required (any name; this server has one model)",
+                       param="model")
     response_format = last(fields, "response_format", "json").strip() or "json"
     if response_format not in RESPONSE_FORMATS:
         raise ApiError(400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}; "
@@ -315,7 +320,8 @@ def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, 
 
     max_bytes = int(max_upload_mb * 1024 * 1024)
     queue = Queue(max_queue)
-    app = FastAPI(title="nanoasr", version="1", description="OpenAI-compatible speech-to-text with Fun-ASR-Nano")
+    app = FastAPI(title="nanoasr", version="1",
+                  description="OpenAI-compatible speech-to-text with Fun-ASR-Nano")
 
     def error_response(err: ApiError):
         return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
@@ -349,7 +355,7 @@ def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, 
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "queued": queue.pending}
+        return {"status": "ok", "queued": queue.pending, "served": queue.served}
 
     @app.get("/v1/models")
     async def models():
@@ -434,7 +440,8 @@ async def stream_events(events: asyncio.Queue, future):
     except ApiError as err:
         final = {"type": "error", **err.body()}
     except Exception as exc:
-        final = {"type": "error", **ApiError(500, f"internal error: {type(exc).__name__}", "server_error").body()}
+        err = ApiError(500, f"internal error: {type(exc).__name__}", "server_error")
+        final = {"type": "error", **err.body()}
     yield sse(final)
 
 
@@ -452,7 +459,8 @@ OPENAPI_REQUEST = {"requestBody": {"required": True, "content": {"multipart/form
         "file": {"type": "string", "format": "binary", "description": "the audio file"},
         "model": {"type": "string", "description": "any name; the server has one model"},
         "language": {"type": "string", "description": "zh, en, ja (codes, English or Chinese names) or auto"},
-        "prompt": {"type": "string", "maxLength": MAX_PROMPT_CHARS, "description": "context text for the model"},
+        "prompt": {"type": "string", "maxLength": MAX_PROMPT_CHARS,
+                   "description": "context text for the model"},
         "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS), "default": "json"},
         "temperature": {"type": "number", "default": 0, "description": "0 only (greedy decoding)"},
         "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment"]}},
@@ -482,13 +490,16 @@ def positive(kind):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nanoasr serve", description="OpenAI-compatible transcription server",
+    parser = argparse.ArgumentParser(prog="nanoasr serve",
+                                     description="OpenAI-compatible transcription server",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint directory, .gguf, hub id or package name")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback unless you say otherwise)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (loopback unless you say otherwise)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
-    parser.add_argument("--max-upload-mb", type=positive(float), default=25, help="largest accepted upload, MiB")
+    parser.add_argument("--max-upload-mb", type=positive(float), default=25,
+                        help="largest accepted upload, MiB")
     parser.add_argument("--max-queue", type=positive(int), default=16,
                         help="requests waiting or running before new ones get 503")
     parser.add_argument("--upload-dir", default=None,

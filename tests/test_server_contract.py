@@ -31,7 +31,8 @@ class StandInModel:
             raise AudioError("<upload>: not audio (cannot be decoded)")
         self.calls += 1
         time.sleep(self.delay)
-        segments = (Segment(0.0, 1.5, "hello there", "stop", (1, 2)), Segment(1.5, 3.0, "general", "stop", (3,)))
+        segments = (Segment(0.0, 1.5, "hello there", "stop", (1, 2)),
+                    Segment(1.5, 3.0, "general", "stop", (3,)))
         for s in segments:
             if on_segment:
                 on_segment(s)
@@ -153,7 +154,8 @@ def test_more_bad_fields_are_400(url, data, param):
 
 
 def test_missing_model_and_two_files_are_400(url):
-    response = httpx.post(url + "/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(), "audio/wav")})
+    response = httpx.post(url + "/v1/audio/transcriptions",
+                          files={"file": ("a.wav", wav_bytes(), "audio/wav")})
     assert_envelope(response, 400, "model")
     two = [("file", ("a.wav", wav_bytes(), "audio/wav")), ("file", ("b.wav", wav_bytes(), "audio/wav"))]
     assert_envelope(post(url, files=two), 400, "file")
