@@ -201,3 +201,28 @@ def test_full_queue_is_503_with_retry_after():
         assert results[0].status_code == 200
         assert_envelope(busy, 503)
         assert busy.headers["retry-after"]
+
+
+def test_uploads_are_removed_after_a_disconnect_and_after_an_abandoned_stream(tmp_path):
+    import socket
+
+    model = StandInModel(delay=0.3)
+    with running(create_app(model, upload_dir=str(tmp_path))) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as s:
+            head = (b'--xx\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+                    + bytes(500_000))
+            s.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n"
+                      b"Content-Type: multipart/form-data; boundary=xx\r\n\r\n" + head)
+            deadline = time.monotonic() + 10
+            while not list(tmp_path.iterdir()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert [p.suffix for p in tmp_path.iterdir()] == [".wav"]  # written while it arrives
+        with httpx.stream("POST", base + "/v1/audio/transcriptions", data={"model": "m", "stream": "true"},
+                          files={"file": ("a.wav", wav_bytes(), "audio/wav")}, timeout=30) as response:
+            assert response.status_code == 200  # closed without reading a single event
+        deadline = time.monotonic() + 10
+        while httpx.get(base + "/health").json()["served"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(base + "/health").json() == {"status": "ok", "queued": 0, "served": 1}
+        assert list(tmp_path.iterdir()) == []

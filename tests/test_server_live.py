@@ -161,6 +161,12 @@ def test_prompt_and_language_reach_the_engine(client, direct):
     assert with_options.text != direct(SHORT).text  # the options changed the decoder's input
 
 
+def test_hotwords_and_itn_extras_reach_the_engine(client, direct):
+    result = client.audio.transcriptions.create(model="m", file=("a.wav", SHORT, "audio/wav"),
+                                                extra_body={"hotwords": "alpha, beta", "itn": "false"})
+    assert result.text == direct(SHORT, hotwords=("alpha", "beta"), itn=False).text
+
+
 def test_stream_events(client, direct):
     stream = client.audio.transcriptions.create(model="m", file=("long.wav", LONG, "audio/wav"), stream=True)
     events = list(stream)
