@@ -9,8 +9,8 @@ cpu = pytest.importorskip("nanoasr.kernels.cpu")
 DTYPES = ["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"]
 GGUF_TYPE = {"q8_0": GT.Q8_0, "q4_k": GT.Q4_K, "q6_k": GT.Q6_K}
 F16_FIELDS = {"q8_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}  # byte offsets of the f16 scales in a block
-SHAPES = [(48, 512), (256, 768), (5, 256)]
-BATCHES = [1, 3, 8, 11]  # 11: more than one pass of eight  # non-square, odd row counts; row lengths fit every block type
+SHAPES = [(48, 512), (256, 768), (5, 256)]  # non-square, odd row counts; row lengths fit every block type
+BATCHES = [1, 3, 8, 11]  # 3: padded to four; 11: two passes over W
 TOL = 1e-5  # ||y - y_ref|| / ||y_ref|| for each row of the output
 
 
