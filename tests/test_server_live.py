@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -275,8 +276,9 @@ def test_full_queue_is_503_with_retry_after(tiny_model, direct, tmp_path):
         threads[0].start()
         assert model.entered.wait(30)
         threads[1].start()
-        while httpx.get(base + "/health").json()["queued"] < 2:
-            pass
+        deadline = time.monotonic() + 30
+        while httpx.get(base + "/health").json()["queued"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         busy = post(base, key=None)
         model.gate.set()
         for t in threads:
