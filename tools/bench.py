@@ -1,0 +1,302 @@
+"""Benchmark nanoasr against Transformers (and llama.cpp's decoder) on the same random-weight checkpoint.
+
+    python tools/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
+                          [--llama-gguf qwen3.gguf] [--seconds 10] [--tokens 40] [--long-seconds 600]
+                          [--threads 2] [--json out.json] [--report docs/reports/performance.md]
+
+Each configuration runs in its own process (so peak RSS is its own), with OPENBLAS_CORETYPE and
+OPENBLAS_L2_SIZE unset: users' machines do not set them, and they halve numpy's GEMM speed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+BLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+# --- children ---------------------------------------------------------------------------------------
+
+def child_nanoasr(args) -> dict:
+    import numpy as np
+
+    from nanoasr.api import Model
+    from nanoasr.model import decoder
+    from tools.synth import speech_like
+
+    start = time.perf_counter()
+    model = Model.load(args.model, threads=args.threads)
+    out = {"load_s": time.perf_counter() - start}
+    wave = speech_like(args.seconds, seed=1)
+    kwargs = dict(sample_rate=16000, max_new_tokens=args.tokens, ignore_stop=True, reference=args.reference)
+    first = model.transcribe(wave, **kwargs)
+    second = model.transcribe(wave, **kwargs)
+    out["first_run_extra_s"] = (first.timings["total"] - second.timings["total"]) / 1e3  # numba compiles
+    out.update({f"{k}_ms": v for k, v in second.timings.items()})
+    out["encoder_adaptor_ms"] = second.timings["encoder"] + second.timings["adaptor"]
+    out["decode_ms_per_token"] = second.timings["decode"] / max(args.tokens - 1, 1)
+    out["rtf"] = second.timings["total"] / 1e3 / args.seconds
+    out.update(stage_times(model, args.threads))
+    cfg = model.config.text
+    rng = np.random.default_rng(0)
+    for context in (64, 512):
+        cache = decoder.KVCache(cfg, 8, context + 40)
+        for b in range(8):
+            x = rng.standard_normal((1, context, cfg.hidden_size)).astype(np.float32)
+            decoder.forward(x, model.weights, cfg, cache, slice(b, b + 1), [0])
+        for batch in (1, 8) if context == 64 else (1,):
+            def step():
+                x = decoder.embed([1000] * batch, model.weights)[:, None, :]
+                hidden = decoder.forward(x, model.weights, cfg, cache, slice(0, batch),
+                                         cache.lengths[:batch].copy())
+                decoder.logits(hidden, model.weights).argmax(axis=-1)
+            with model._threads():
+                step()
+                ms = median_ms(step, 12)
+            out[f"step_ms_ctx{context}_b{batch}"] = ms
+    out["batch8_speedup"] = 8 * out["step_ms_ctx64_b1"] / out["step_ms_ctx64_b8"]
+    if args.long_seconds:
+        long_wave = speech_like(args.long_seconds, seed=2, silence_every_s=45)
+        result = model.transcribe(long_wave, sample_rate=16000, reference=args.reference)
+        out["long_rtf"] = result.timings["total"] / 1e3 / args.long_seconds
+        out["long_segments"] = len(result.segments)
+    out["peak_rss_mb"] = peak_rss_mb()
+    return out
+
+
+def stage_times(model, threads: int) -> dict:
+    """Frontend on 60 s (one thread), encoder + adaptor on 30 s, prefill of 196 positions (the 10 s prompt)."""
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    from nanoasr.model import decoder
+    from tools.synth import speech_like
+
+    out = {}
+    minute = speech_like(60, seed=3)
+    with threadpool_limits(limits=1):
+        model.features([minute], "funasr")
+        out["frontend_60s_1thread_ms"] = median_ms(lambda: model.features([minute], "funasr"), 3)
+    with model._threads():
+        feats, mask = model.features([minute[:30 * 16000]], "funasr")
+        audio = lambda: model.adapt(model.encode(feats, mask), mask, "funasr")  # noqa: E731
+        audio()
+        out["encoder_adaptor_30s_ms"] = median_ms(audio, 3)
+        cfg = model.config.text
+        x = np.random.default_rng(0).standard_normal((1, 196, cfg.hidden_size)).astype(np.float32)
+
+        def prefill():
+            cache = decoder.KVCache(cfg, 1, 200)
+            decoder.logits(decoder.forward(x, model.weights, cfg, cache, slice(0, 1), [0]), model.weights)
+        prefill()
+        out["prefill196_ms"] = median_ms(prefill, 3)
+    return out
+
+
+def child_transformers(args) -> dict:
+    import torch
+    from transformers import FunAsrNanoForConditionalGeneration, LogitsProcessor
+
+    torch.set_num_threads(args.threads)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    start = time.perf_counter()
+    model = FunAsrNanoForConditionalGeneration.from_pretrained(args.model, dtype=dtype).eval()
+    out = {"load_s": time.perf_counter() - start}
+    frames = -(-args.seconds * 100 // 6)
+    feats = torch.randn(1, frames, 560, dtype=dtype)
+    mask = torch.ones(1, frames, dtype=torch.long)
+    with torch.inference_mode():
+        audio = lambda: model.get_audio_features(feats, mask)  # noqa: E731
+        audio()
+        out["encoder_adaptor_ms"] = median_ms(audio, 3)
+        feats30 = torch.randn(1, 500, 560, dtype=dtype)
+        mask30 = torch.ones(1, 500, dtype=torch.long)
+        audio30 = lambda: model.get_audio_features(feats30, mask30)  # noqa: E731
+        audio30()
+        out["encoder_adaptor_30s_ms"] = median_ms(audio30, 3)
+        embeds = torch.randn(1, 196, model.config.text_config.hidden_size, dtype=dtype)
+        prefill = lambda: model(inputs_embeds=embeds, logits_to_keep=1)  # noqa: E731
+        prefill()
+        out["prefill196_ms"] = median_ms(prefill, 3)
+
+        class Stamps(LogitsProcessor):
+            def __init__(self):
+                self.times = []
+
+            def __call__(self, input_ids, scores):
+                self.times.append(time.perf_counter())
+                return scores
+
+        stamps = Stamps()
+        start = time.perf_counter()
+        model.generate(inputs_embeds=embeds, max_new_tokens=args.tokens, min_new_tokens=args.tokens,
+                       do_sample=False, logits_processor=[stamps])
+        steps = [b - a for a, b in zip(stamps.times, stamps.times[1:])]
+        out["decode_ms_per_token"] = statistics.median(steps) * 1e3
+        out["e2e_s"] = out["encoder_adaptor_ms"] / 1e3 + (time.perf_counter() - start)
+    out["rtf"] = out["e2e_s"] / args.seconds
+    out["peak_rss_mb"] = peak_rss_mb()
+    return out
+
+
+def child_llama(args) -> dict:
+    import numpy as np
+    from llama_cpp import Llama
+
+    start = time.perf_counter()
+    llm = Llama(args.model, n_ctx=1024, n_batch=512, n_threads=args.threads, n_threads_batch=args.threads,
+                verbose=False)
+    out = {"load_s": time.perf_counter() - start}
+    prompt = np.random.default_rng(0).integers(0, 150000, 196).tolist()
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(prompt)
+    out["prefill196_ms"] = (time.perf_counter() - start) * 1e3
+    start = time.perf_counter()
+    for token in prompt[:args.tokens]:
+        llm.eval([token])
+    out["decode_ms_per_token"] = (time.perf_counter() - start) * 1e3 / args.tokens
+    out["peak_rss_mb"] = peak_rss_mb()
+    return out
+
+
+CHILDREN = {"nanoasr": child_nanoasr, "transformers": child_transformers, "llama": child_llama}
+
+
+# --- driver -----------------------------------------------------------------------------------------
+
+def run_child(kind: str, model: str, args, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_VARS}
+    python = args.llama_python if kind == "llama" else sys.executable
+    cmd = [python, __file__, "child", kind, "--model", model, "--seconds", str(args.seconds),
+           "--tokens", str(args.tokens), "--threads", str(args.threads), "--reference", args.reference,
+           "--long-seconds", str(args.long_seconds)]
+    for key, value in extra.items():
+        cmd += [f"--{key}", str(value)]
+    print(f"bench: {kind} {model} {extra or ''}", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="nanoasr-bench-") as cache:
+        if kind == "nanoasr":  # an empty kernel cache: the first transcription includes numba's compile time
+            env["NUMBA_CACHE_DIR"] = cache
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(done.stderr[-3000:], file=sys.stderr)
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def machine() -> dict:
+    import numpy  # noqa: F401  (so threadpoolctl sees its BLAS)
+    from threadpoolctl import threadpool_info
+
+    info = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    try:
+        model = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+        info["cpu"] = model[0] if model else platform.processor()
+    except OSError:
+        info["cpu"] = platform.processor()
+    info["blas"] = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}" for i in threadpool_info()]
+    return info
+
+
+COLUMNS = (  # (header, keys tried in order)
+    ("load s", ("load_s",)), ("first-run extra s", ("first_run_extra_s",)),
+    ("frontend 60 s, 1 thread ms", ("frontend_60s_1thread_ms",)),
+    ("encoder+adaptor 10 s ms", ("encoder_adaptor_ms",)), ("encoder+adaptor 30 s ms", ("encoder_adaptor_30s_ms",)),
+    ("prefill 196 ms", ("prefill196_ms",)), ("decode ms/token", ("decode_ms_per_token",)),
+    ("step ctx 64 ms", ("step_ms_ctx64_b1",)), ("step ctx 512 ms", ("step_ms_ctx512_b1",)),
+    ("batch-8 throughput x", ("batch8_speedup",)), ("RTF 10 s", ("rtf",)), ("RTF long", ("long_rtf",)),
+    ("peak RSS MB", ("peak_rss_mb",)),
+)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def report(results: dict, args) -> str:
+    lines = ["# Performance", "", f"Produced by `python tools/bench.py {' '.join(sys.argv[1:])}` "
+             f"({args.threads} threads, {args.seconds} s of speech-like audio with {args.tokens} tokens forced, "
+             f"`{args.reference}` profile, OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset).", "",
+             f"Machine: {results['machine']}", "",
+             "| run | " + " | ".join(h for h, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for name, r in results["runs"].items():
+        if "error" in r:
+            lines.append(f"| {name} | failed: {r['error']} |")
+            continue
+        cells = [next((r[k] for k in keys if k in r), None) for _, keys in COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(_fmt(c) for c in cells) + " |")
+    lines += ["", "Decode ms/token is the median step of a forced generation after a 10 s clip's prompt; "
+              "llama.cpp rows time its Qwen3 decoder alone (llama-cpp-python `eval`, one token at a time). "
+              "RTF long is a synthesized recording with pauses, segmented and decoded in batches of 8."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("child", nargs="*", help=argparse.SUPPRESS)
+    parser.add_argument("--model", action="append", default=[], help="nanoasr checkpoint dir or .gguf (repeat)")
+    parser.add_argument("--transformers", default=None, help="the same checkpoint dir, run through Transformers")
+    parser.add_argument("--llama-gguf", action="append", default=[],
+                        help="a stock qwen3 GGUF of the same decoder (repeat; nanoasr convert --export-qwen3-gguf)")
+    parser.add_argument("--llama-python", default=sys.executable, help="the Python that has llama-cpp-python")
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--tokens", type=int, default=40)
+    parser.add_argument("--long-seconds", type=int, default=0, help="also time this much long audio (segments)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))
+    parser.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--report", default=None, help="write a markdown table here")
+    args = parser.parse_args()
+    if args.child:
+        args.model = args.model[-1]
+        print(json.dumps(CHILDREN[args.child[1]](args)))
+        return 0
+    results = {"machine": machine(), "runs": {}}
+    for model in args.model:
+        results["runs"][f"nanoasr {Path(model).name}"] = run_child("nanoasr", model, args)
+    if args.transformers:
+        for dtype in ("fp32", "bf16"):
+            results["runs"][f"transformers {dtype}"] = run_child("transformers", args.transformers, args,
+                                                                 dtype=dtype)
+    for path in args.llama_gguf:
+        results["runs"][f"llama.cpp decoder {Path(path).name}"] = run_child("llama", path, args)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    if args.report:
+        Path(args.report).write_text(report(results, args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
