@@ -3,7 +3,6 @@
 Skipped unless torch and transformers==5.23.0 import (the `reference` extra). The full-size tier builds
 a random checkpoint of the real model's sizes (about 1.6 GB in BF16) and is marked slow.
 """
-import numpy as np
 import pytest
 
 from engine_parity import check_case
@@ -51,7 +50,8 @@ def full(tmp_path_factory):
 def test_full_size_checkpoint_greedy_ids_equal_transformers(full, reference):
     path, model, tokenizer = full
     hf = dump.load_model(path, reference)
+    seen = set()
     for i, seconds in enumerate(FULL_SECONDS):
         ref = dump.run(hf, tokenizer, speech_like(seconds, 40 + i), reference, 72, {})
-        ids = check_case(model, ref, reference, {})
-        assert len(np.unique(ids)) > 5
+        seen.update(check_case(model, ref, reference, {}))
+    assert len(seen) > 10, "random weights may repeat a token per clip, but not across all of them"

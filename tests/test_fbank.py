@@ -73,3 +73,28 @@ def test_profiles_and_errors():
         features(wave, "whisper")
     with pytest.raises(AudioError, match="shorter than one 25 ms"):
         features(wave[:399])
+
+
+TORCHAUDIO = __import__("conftest").ROOT / "tests" / "fixtures" / "frontend_torchaudio.npz"
+
+
+@pytest.mark.parametrize("reference", ["transformers", "funasr"])
+def test_fbank_matches_pinned_torchaudio(reference):
+    """torchaudio.compliance.kaldi.fbank values (tools/reference/frontend.py), as both references compute them.
+
+    Mel bins more than 70 dB below their frame's strongest bin may differ more: their power is below a float32
+    FFT's rounding level, so neither implementation's value there means anything beyond being that quiet.
+    """
+    pinned = np.load(TORCHAUDIO)
+    names = sorted({key.split("/")[0] for key in pinned.files if "/" in key})
+    assert len(names) >= 8
+    for name in names:
+        wave = pinned[f"{name}/wave"]
+        ours = fbank(wave * (32768.0 if reference == "funasr" else 1.0))
+        want = pinned[f"{name}/{reference}"]
+        assert ours.shape == want.shape, name
+        loudest = want.max(axis=1, keepdims=True)
+        quiet = want < loudest - np.log(1e7)
+        off = np.abs(ours - want) > 2e-4 + 2e-4 * np.abs(want)
+        assert not (off & ~quiet).any(), (name, np.argwhere(off & ~quiet)[:5])
+        assert (ours < loudest - np.log(1e6))[quiet].all(), name
