@@ -172,3 +172,36 @@ def test_truncated_and_corrupt_files(tmp_path):
     path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 8)
     with pytest.raises(ModelError, match="I64 is not supported"):
         st.read(path)
+
+
+def broken_copy(tiny_dir, tmp_path):
+    import shutil
+
+    out = tmp_path / "broken"
+    shutil.copytree(tiny_dir, out)
+    return out
+
+
+def test_a_broken_checkpoint_directory_gives_one_clear_error_each(tiny_dir, tmp_path):
+    from nanoasr.model.weights import load_checkpoint
+
+    d = broken_copy(tiny_dir, tmp_path)
+    (d / "tokenizer.json").unlink()
+    with pytest.raises(ModelError, match="tokenizer.json is missing"):
+        load_checkpoint(d)
+    d = broken_copy(tiny_dir, tmp_path / "2")
+    (d / "config.json").write_text('{"audio_config": {"hidden_size": 32,')
+    with pytest.raises(ModelError, match=r"config\.json.*(JSON|json)"):
+        load_checkpoint(d)
+    d = broken_copy(tiny_dir, tmp_path / "3")
+    blob = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(ModelError, match=r"model\.safetensors.*truncated"):
+        load_checkpoint(d)
+    d = broken_copy(tiny_dir, tmp_path / "4")
+    # rename one tensor in the header (same length, so the file stays well formed): it is now missing
+    name = b'"model.audio_tower.layers.1.mlp.fc2.weight"'
+    assert blob.count(name) == 1
+    (d / "model.safetensors").write_bytes(blob.replace(name, name.replace(b"fc2", b"fc9")))
+    with pytest.raises(ModelError, match=r"missing.*model\.audio_tower\.layers\.1\.mlp\.fc2\.weight"):
+        load_checkpoint(d)
