@@ -84,6 +84,15 @@ def child_nanoasr(args) -> dict:
         result = model.transcribe(long_wave, sample_rate=16000, reference=args.reference)
         out["long_rtf"] = result.timings["total"] / 1e3 / args.long_seconds
         out["long_segments"] = len(result.segments)
+        out["long_tokens"] = sum(len(s.token_ids) for s in result.segments)
+        import nanoasr.api
+
+        batch, nanoasr.api.BATCH_SIZE = nanoasr.api.BATCH_SIZE, 1  # the same segments one after another
+        sequential = model.transcribe(long_wave, sample_rate=16000, reference=args.reference)
+        nanoasr.api.BATCH_SIZE = batch
+        out["long_sequential_rtf"] = sequential.timings["total"] / 1e3 / args.long_seconds
+        out["long_batched_equals_sequential"] = [s.token_ids for s in result.segments] == [
+            s.token_ids for s in sequential.segments]
     out["peak_rss_mb"] = peak_rss_mb()
     return out
 
@@ -194,7 +203,7 @@ def run_child(kind: str, model: str, args, **extra) -> dict:
     python = args.llama_python if kind == "llama" else sys.executable
     cmd = [python, __file__, "child", kind, "--model", model, "--seconds", str(args.seconds),
            "--tokens", str(args.tokens), "--threads", str(args.threads), "--reference", args.reference,
-           "--long-seconds", str(args.long_seconds)]
+           "--long-seconds", str(args.long_seconds if model == (args.long_model or model) else 0)]
     for key, value in extra.items():
         cmd += [f"--{key}", str(value)]
     print(f"bench: {kind} {model} {extra or ''}", file=sys.stderr, flush=True)
@@ -229,6 +238,8 @@ COLUMNS = (  # (header, keys tried in order)
     ("prefill 196 ms", ("prefill196_ms",)), ("decode ms/token", ("decode_ms_per_token",)),
     ("step ctx 64 ms", ("step_ms_ctx64_b1",)), ("step ctx 512 ms", ("step_ms_ctx512_b1",)),
     ("batch-8 throughput x", ("batch8_speedup",)), ("RTF 10 s", ("rtf",)), ("RTF long", ("long_rtf",)),
+    ("RTF long, segments one by one", ("long_sequential_rtf",)),
+    ("batched = sequential ids", ("long_batched_equals_sequential",)),
     ("peak RSS MB", ("peak_rss_mb",)),
 )
 
@@ -270,6 +281,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--long-seconds", type=int, default=0, help="also time this much long audio (segments)")
+    parser.add_argument("--long-model", default=None, help="run the long audio on this --model only")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))
     parser.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
