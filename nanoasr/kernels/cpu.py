@@ -356,6 +356,14 @@ def _mvb_bf16(x, data, out):
 
 
 # ---- block types: one pass over the stored row, per-lane sums in registers (LLVM vector code) ----
+#
+# A block decoder returns groups (s, [(q, off), ...]): 16-lane float vectors q of quant values that share
+# the 16-lane scale vector s and meet x at element offset `off` of the block, plus `direct` terms (w, off)
+# met with the 32-column sums of x (Q4_K's mins). One row of x sums q*x over a group and multiplies by s
+# once; several rows of x widen each weight vector q*s once and multiply it into every row.
+
+_V16 = ir.VectorType(_F32, 16)
+
 
 def _vec_at(builder, base, off, elty, n):
     """Load n elements of elty at element offset `off` (an int) of pointer `base`."""
@@ -363,134 +371,167 @@ def _vec_at(builder, base, off, elty, n):
     return _load(builder, builder.bitcast(ptr, ir.PointerType(ir.VectorType(elty, n))))
 
 
-def _scalar_at(builder, base, off):
-    return builder.load(builder.gep(base, [ir.Constant(ir.IntType(64), off)]))
+def _lanes(builder, v, idx):
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(idx)), list(idx)))
 
 
-def _nib_const(builder, v, shift):
-    vt = ir.VectorType(_I8, 32)
-    if shift:
-        v = builder.lshr(v, ir.Constant(vt, [shift] * 32))
-    return builder.uitofp(builder.and_(v, ir.Constant(vt, [15] * 32)), ir.VectorType(_F32, 32))
+def _halfs(builder, blk, off):
+    """The 8 f16 at byte offset `off` of blk as <8 x float>: one whole-vector conversion (a scalar one would
+    be loaded with vpinsrw, which LLVM merges into a live register: a false dependence across blocks)."""
+    halves = builder.bitcast(_vec_at(builder, blk, off, _I8, 16), ir.VectorType(ir.HalfType(), 8))
+    return builder.fpext(halves, ir.VectorType(_F32, 8))
 
 
-def _half(builder, base):
-    """The f16 at byte pointer `base` as float32, in integer arithmetic (exact, as numpy converts).
-
-    The hardware conversion would be loaded with vpinsrw, which LLVM merges into a live accumulator register:
-    a false dependence that serialised the whole block loop."""
-    i32 = lambda v: ir.Constant(_I32, v)  # noqa: E731
-    h = builder.zext(_load(builder, builder.bitcast(base, ir.PointerType(_I16))), _I32)
-    em = builder.and_(h, i32(0x7FFF))
-    mant = builder.shl(em, i32(13))
-    normal = builder.add(mant, i32(112 << 23))  # rebias the exponent from 15 to 127
-    special = builder.or_(mant, i32(0x7F800000))  # inf and nan keep their payload
-    # subnormal: em * 2**-24, normalised by hand from the position p of its top bit
-    ctlz = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_I32, ir.IntType(1)]),
-                                          "llvm.ctlz.i32")
-    p = builder.sub(i32(31), builder.call(ctlz, [em, ir.Constant(ir.IntType(1), 0)]))
-    sub = builder.or_(builder.shl(builder.add(p, i32(103)), i32(23)),
-                      builder.and_(builder.shl(em, builder.sub(i32(23), p)), i32(0x7FFFFF)))
-    sub = builder.select(builder.icmp_unsigned("==", em, i32(0)), i32(0), sub)
-    bits = builder.select(builder.icmp_unsigned("<", em, i32(0x400)), sub,
-                          builder.select(builder.icmp_unsigned(">=", em, i32(0x7C00)), special, normal))
-    sign = builder.shl(builder.and_(h, i32(0x8000)), i32(16))
-    return builder.bitcast(builder.or_(bits, sign), _F32)
+def _int_lanes(builder, v, signed):
+    """<32 x i8> as two <16 x float>."""
+    conv = builder.sitofp if signed else builder.uitofp
+    return [conv(_lanes(builder, v, range(16 * h, 16 * h + 16)), _V16) for h in range(2)]
 
 
-def _w_q8_0(builder, blk, sc):
-    """[(32 weights, element offset in the block)] of one Q8_0 block at byte pointer blk."""
-    q = builder.sitofp(_vec_at(builder, blk, 2, _I8, 32), ir.VectorType(_F32, 32))
-    return [(builder.fmul(q, _splat(builder, _half(builder, blk), _F32, 32)), 0)]
+def _i8const(value, n=32):
+    return ir.Constant(ir.VectorType(_I8, n), value if isinstance(value, list) else [value] * n)
 
 
-def _w_q4_k(builder, blk, sc):
-    """Q4_K block; sc points at its 8 sub-block scales d*sc_j (the mins are summed apart)."""
-    out = []
+def _w_q8_0(builder, blk):
+    """Q8_0 block (f16 d, 32 int8): one group of two vectors with scale d."""
+    d = _lanes(builder, _halfs(builder, blk, 0), [0] * 16)
+    q = _int_lanes(builder, _vec_at(builder, blk, 2, _I8, 32), True)
+    return [(d, [(q[0], 0), (q[1], 16)])], []
+
+
+def _scales_mins(builder, v):
+    """Q4_K's 8 6-bit scales and mins as <8 x i8>, from its 12 packed bytes (v = 16 bytes from byte 4)."""
+    top = _i8const([0] * 4 + [0xC0] * 4, 8)  # bits 6-7 of bytes 0-7 become bits 4-5 of scales/mins 4-7
+    low = _i8const([63] * 4 + [15] * 4, 8)
+    def high(lanes):
+        return builder.lshr(builder.and_(_lanes(builder, v, lanes), top), _i8const(2, 8))
+    sc = builder.or_(builder.and_(_lanes(builder, v, [0, 1, 2, 3, 8, 9, 10, 11]), low),
+                     high([0, 1, 2, 3] * 2))
+    mn = builder.lshr(_lanes(builder, v, [4, 5, 6, 7, 8, 9, 10, 11]), _i8const([0] * 4 + [4] * 4, 8))
+    return sc, builder.or_(builder.and_(mn, low), high([4, 5, 6, 7] * 2))
+
+
+def _w_q4_k(builder, blk):
+    """Q4_K block: sub-block j (32 nibbles, low halves of bytes 32*(j//2).. for even j, high for odd) is a
+    group with scale d*sc_j; the mins enter as -dmin*m_j against the 32-column sums of x."""
+    v8 = ir.VectorType(_F32, 8)
+    dm = _halfs(builder, blk, 0)
+    sc, mn = _scales_mins(builder, _vec_at(builder, blk, 4, _I8, 16))
+    scf = builder.fmul(builder.uitofp(sc, v8), _lanes(builder, dm, [0] * 8))
+    mnf = builder.fmul(builder.uitofp(mn, v8), _lanes(builder, dm, [1] * 8))
+    groups = []
     for c in range(4):
         v = _vec_at(builder, blk, 16 + 32 * c, _I8, 32)
-        for h in range(2):
-            s = _splat(builder, _scalar_at(builder, sc, 2 * c + h), _F32, 32)
-            out.append((builder.fmul(_nib_const(builder, v, 4 * h), s), 64 * c + 32 * h))
-    return out
+        for h, nib in enumerate([builder.and_(v, _i8const(15)), builder.lshr(v, _i8const(4))]):
+            q = _int_lanes(builder, nib, False)
+            off = 64 * c + 32 * h
+            groups.append((_lanes(builder, scf, [2 * c + h] * 16), [(q[0], off), (q[1], off + 16)]))
+    return groups, [(builder.fsub(ir.Constant(v8, None), mnf), 0)]
 
 
-def _w_q6_k(builder, blk, sc):
-    """Q6_K block; sc points at its 16 scales d*scale_i (one per 16 elements)."""
-    vt = ir.VectorType(_I8, 32)
-    const = lambda v: ir.Constant(vt, [v] * 32)  # noqa: E731
-    out = []
+def _w_q6_k(builder, blk):
+    """Q6_K block (128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, f16 d): each 16 elements
+    are a group with scale d*scale_i."""
+    d = _halfs(builder, blk, 194)  # the 8 f16 ending the block: d is the last
+    scales = builder.sitofp(_vec_at(builder, blk, 192, _I8, 16), _V16)
+    scf = builder.fmul(scales, _lanes(builder, d, [7] * 16))
+    groups = []
     for h in range(2):
         qh = _vec_at(builder, blk, 128 + 32 * h, _I8, 32)
         for g in range(4):
             ql = _vec_at(builder, blk, 64 * h + 32 * (g & 1), _I8, 32)
-            lo = builder.and_(builder.lshr(ql, const(4 * (g >> 1))), const(15))
-            hi = builder.and_(builder.lshr(qh, const(2 * g)), const(3))
-            q = builder.sub(builder.or_(lo, builder.shl(hi, const(4))), const(32))
-            i = 8 * h + 2 * g
-            s = _halves(builder, _scalar_at(builder, sc, i), _scalar_at(builder, sc, i + 1), 16)
-            out.append((builder.fmul(builder.sitofp(q, ir.VectorType(_F32, 32)), s), 128 * h + 32 * g))
-    return out
+            lo = builder.and_(builder.lshr(ql, _i8const(4 * (g >> 1))), _i8const(15))
+            hi = builder.and_(builder.lshr(qh, _i8const(2 * g)), _i8const(3))
+            q = builder.sub(builder.or_(lo, builder.shl(hi, _i8const(4))), _i8const(32))
+            for k, qf in enumerate(_int_lanes(builder, q, True)):
+                i = 8 * h + 2 * g + k
+                groups.append((_lanes(builder, scf, [i] * 16), [(qf, 16 * i)]))
+    return groups, []
 
 
-def _rowdot(name, weights, block_bytes, block_elems, subs, nx):
-    """Intrinsic (row, sc, x, b, nb) -> the dot products of one stored row with x[b:b+nx] (float32, or a
-    tuple of nx): nb blocks, each decoded once into 32-wide weight vectors by `weights`."""
-    def rowdot(typingctx, row, sc, x, b, nb):
+def _rowdot(name, weights, block_bytes, block_elems, unroll, nx):
+    """Intrinsic (row, xs, x, b, nb) -> the dot products of one stored row of nb blocks with x[b:b+nx]
+    (float32, or a tuple of nx); xs holds x's 32-column sums for the direct terms. The block loop is unrolled
+    `unroll` times and sums rotate over several accumulators, so no single FMA chain sets the pace."""
+    slots = 4 if nx == 1 else 2
+
+    def rowdot(typingctx, row, xs, x, b, nb):
         ret = types.float32 if nx == 1 else types.UniTuple(types.float32, nx)
 
         def codegen(context, builder, sig, args):
-            vt = ir.VectorType(_F32, 32)
+            i64 = lambda v: ir.Constant(ir.IntType(64), v)  # noqa: E731
             rowp = context.make_array(sig.args[0])(context, builder, args[0]).data
-            scp = context.make_array(sig.args[1])(context, builder, args[1]).data
+            xsa = context.make_array(sig.args[1])(context, builder, args[1])
             xa = context.make_array(sig.args[2])(context, builder, args[2])
             cols = cgutils.unpack_tuple(builder, xa.shape)[1]
-            first = [builder.add(args[3], ir.Constant(args[3].type, i)) for i in range(nx)]
-            xrows = [builder.gep(xa.data, [builder.mul(b, cols)]) for b in first]
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(vt, None)) for _ in range(nx)]
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]),
-                                                 "llvm.fma.v32f32")
-            with cgutils.for_range(builder, args[4]) as loop:
-                blk = builder.gep(rowp, [builder.mul(loop.index, ir.Constant(loop.index.type, block_bytes))])
-                sb = builder.gep(scp, [builder.mul(loop.index, ir.Constant(loop.index.type, subs))])
-                xo = builder.mul(loop.index, ir.Constant(loop.index.type, block_elems))
-                for w, off in weights(builder, blk, sb):
-                    for xr, acc in zip(xrows, accs):
-                        xv = _vec_at(builder, builder.gep(xr, [xo]), off, _F32, 32)
-                        builder.store(builder.call(fma, [w, xv, builder.load(acc)]), acc)
-            sums = [_hsum(builder, builder.load(acc), 32) for acc in accs]
+            scols = cgutils.unpack_tuple(builder, xsa.shape)[1]
+            first = [builder.add(args[3], i64(i)) for i in range(nx)]
+            xrows = [builder.gep(xa.data, [builder.mul(r, cols)]) for r in first]
+            srows = [builder.gep(xsa.data, [builder.mul(r, scols)]) for r in first]
+            acc = [[cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in range(slots)]
+                   for _ in range(nx)]
+            dacc = [cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(_F32, 8), None))
+                    for _ in range(nx)]
+            fma = {n: cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VectorType(_F32, n), [ir.VectorType(_F32, n)] * 3),
+                f"llvm.fma.v{n}f32") for n in (8, 16)}
+
+            def mac(ptr, a, b_):
+                builder.store(builder.call(fma[a.type.count], [a, b_, builder.load(ptr)]), ptr)
+
+            def block(index, slot):
+                blk = builder.gep(rowp, [builder.mul(index, i64(block_bytes))])
+                xo = builder.mul(index, i64(block_elems))
+                so = builder.mul(index, i64(block_elems // 32))
+                groups, direct = weights(builder, blk)
+                xv = lambda r, off: _vec_at(builder, builder.gep(xrows[r], [xo]), off, _F32, 16)  # noqa: E731
+                for s, qs in groups:
+                    if nx == 1:
+                        p = builder.fmul(qs[0][0], xv(0, qs[0][1]))
+                        for q, off in qs[1:]:
+                            p = builder.call(fma[16], [q, xv(0, off), p])
+                        mac(acc[0][slot], p, s)
+                    else:
+                        for q, off in qs:
+                            w = builder.fmul(q, s)
+                            for r in range(nx):
+                                mac(acc[r][slot], w, xv(r, off))
+                    slot = (slot + 1) % slots
+                for w, off in direct:
+                    for r in range(nx):
+                        mac(dacc[r], w, _vec_at(builder, builder.gep(srows[r], [so]), off, _F32, 8))
+                return slot
+
+            nb = args[4]
+            main = builder.udiv(nb, i64(unroll))
+            with cgutils.for_range(builder, main) as loop:
+                slot = 0
+                for u in range(unroll):
+                    slot = block(builder.add(builder.mul(loop.index, i64(unroll)), i64(u)), slot)
+            with cgutils.for_range(builder, builder.sub(nb, builder.mul(main, i64(unroll)))) as loop:
+                block(builder.add(builder.mul(main, i64(unroll)), loop.index), 0)
+            sums = []
+            for r in range(nx):
+                total = builder.load(acc[r][0])
+                for a in acc[r][1:]:
+                    total = builder.fadd(total, builder.load(a))
+                d = builder.load(dacc[r])
+                total = builder.fadd(total, builder.shuffle_vector(d, ir.Constant(d.type, None), ir.Constant(
+                    ir.VectorType(_I32, 16), list(range(16)))))
+                sums.append(_hsum(builder, total, 16))
             return sums[0] if nx == 1 else context.make_tuple(builder, sig.return_type, sums)
-        return ret(row, sc, x, b, nb), codegen
+        return ret(row, xs, x, b, nb), codegen
     rowdot.__name__ = rowdot.__qualname__ = name
     return intrinsic(rowdot)
 
 
-_DOT = {(t, n): _rowdot(f"_dot_{t}_{n}", weights, nbytes, per, subs, n)
-        for t, weights, per, nbytes, subs in [("q8_0", _w_q8_0, 32, 34, 0), ("q4_k", _w_q4_k, 256, 144, 8),
-                                              ("q6_k", _w_q6_k, 256, 210, 16)]
+_DOT = {(t, n): _rowdot(f"_dot_{t}_{n}", weights, nbytes, per, unroll, n)
+        for t, weights, per, nbytes, unroll in [("q8_0", _w_q8_0, 32, 34, 4), ("q4_k", _w_q4_k, 256, 144, 1),
+                                                ("q6_k", _w_q6_k, 256, 210, 1)]
         for n in (1, 4, 8)}
 _dot_q8_0_1, _dot_q8_0_4, _dot_q8_0_8 = (_DOT["q8_0", n] for n in (1, 4, 8))
 _dot_q4_k_1, _dot_q4_k_4, _dot_q4_k_8 = (_DOT["q4_k", n] for n in (1, 4, 8))
 _dot_q6_k_1, _dot_q6_k_4, _dot_q6_k_8 = (_DOT["q6_k", n] for n in (1, 4, 8))
-
-
-@njit(cache=True)
-def _scales_q4_k(row, sc, mn):  # row uint8 [nb*144] -> sc, mn float32 [nb*8]: d*scale_j, dmin*min_j
-    for b in range(sc.shape[0] // 8):
-        d = _f16_at(row, b * 144)
-        dmin = _f16_at(row, b * 144 + 2)
-        for j in range(8):
-            s, m = _scale_min(row, b * 144, j)
-            sc[b * 8 + j] = d * np.float32(s)
-            mn[b * 8 + j] = dmin * np.float32(m)
-
-
-@njit(cache=True)
-def _scales_q6_k(row, sc):  # row uint8 [nb*210] -> sc float32 [nb*16]: d*scale_i
-    for b in range(sc.shape[0] // 16):
-        d = _f16_at(row, b * 210 + 208)
-        for i in range(16):
-            sc[b * 16 + i] = d * np.float32(np.int8(row[b * 210 + 192 + i]))
 
 
 @njit(fastmath=_REASSOC, cache=True)
@@ -508,61 +549,43 @@ def _sums32(x):  # x float32 [B, cols] -> float32 [B, cols // 32]: sums of x ove
 @njit(parallel=True, cache=True)
 def _mv_q8_0(x, data, out):  # x float32 [1, 4 or 8, cols], data uint8 [rows, nb*34] -> out float32 [B, rows]
     nb = x.shape[1] // 32
-    none = np.empty(1, np.float32)
+    xs = np.empty((x.shape[0], 1), np.float32)  # no direct terms
     for r in prange(data.shape[0]):
         if x.shape[0] == 1:
-            out[0, r] = _dot_q8_0_1(data[r], none, x, 0, nb)
+            out[0, r] = _dot_q8_0_1(data[r], xs, x, 0, nb)
         elif x.shape[0] == 4:
-            out[0, r], out[1, r], out[2, r], out[3, r] = _dot_q8_0_4(data[r], none, x, 0, nb)
+            out[0, r], out[1, r], out[2, r], out[3, r] = _dot_q8_0_4(data[r], xs, x, 0, nb)
         else:
             (out[0, r], out[1, r], out[2, r], out[3, r],
-             out[4, r], out[5, r], out[6, r], out[7, r]) = _dot_q8_0_8(data[r], none, x, 0, nb)
-
-
-@njit(fastmath=_REASSOC, cache=True)
-def _dot_mins(mn, xsum, b):  # sum_j mn[j] * xsum[b, j]
-    s = np.float32(0)
-    for j in range(mn.shape[0]):
-        s += mn[j] * xsum[b, j]
-    return s
+             out[4, r], out[5, r], out[6, r], out[7, r]) = _dot_q8_0_8(data[r], xs, x, 0, nb)
 
 
 @njit(parallel=True, cache=True)
 def _mv_q4_k(x, data, out):  # x float32 [1, 4 or 8, cols], data uint8 [rows, nb*144] -> out float32 [B, rows]
     nb = x.shape[1] // 256
-    rows = data.shape[0]
-    xsum = _sums32(x)
-    for t in prange((rows + _CHUNK - 1) // _CHUNK):
-        sc = np.empty(nb * 8, np.float32)
-        mn = np.empty(nb * 8, np.float32)
-        for r in range(t * _CHUNK, min(rows, (t + 1) * _CHUNK)):
-            _scales_q4_k(data[r], sc, mn)
-            if x.shape[0] == 1:
-                out[0, r] = _dot_q4_k_1(data[r], sc, x, 0, nb)
-            elif x.shape[0] == 4:
-                out[0, r], out[1, r], out[2, r], out[3, r] = _dot_q4_k_4(data[r], sc, x, 0, nb)
-            else:
-                (out[0, r], out[1, r], out[2, r], out[3, r],
-                 out[4, r], out[5, r], out[6, r], out[7, r]) = _dot_q4_k_8(data[r], sc, x, 0, nb)
-            for b in range(x.shape[0]):
-                out[b, r] -= _dot_mins(mn, xsum, b)
+    xs = _sums32(x)
+    for r in prange(data.shape[0]):
+        if x.shape[0] == 1:
+            out[0, r] = _dot_q4_k_1(data[r], xs, x, 0, nb)
+        elif x.shape[0] == 4:
+            out[0, r], out[1, r], out[2, r], out[3, r] = _dot_q4_k_4(data[r], xs, x, 0, nb)
+        else:
+            (out[0, r], out[1, r], out[2, r], out[3, r],
+             out[4, r], out[5, r], out[6, r], out[7, r]) = _dot_q4_k_8(data[r], xs, x, 0, nb)
 
 
 @njit(parallel=True, cache=True)
 def _mv_q6_k(x, data, out):  # x float32 [1, 4 or 8, cols], data uint8 [rows, nb*210] -> out float32 [B, rows]
     nb = x.shape[1] // 256
-    rows = data.shape[0]
-    for t in prange((rows + _CHUNK - 1) // _CHUNK):
-        sc = np.empty(nb * 16, np.float32)
-        for r in range(t * _CHUNK, min(rows, (t + 1) * _CHUNK)):
-            _scales_q6_k(data[r], sc)
-            if x.shape[0] == 1:
-                out[0, r] = _dot_q6_k_1(data[r], sc, x, 0, nb)
-            elif x.shape[0] == 4:
-                out[0, r], out[1, r], out[2, r], out[3, r] = _dot_q6_k_4(data[r], sc, x, 0, nb)
-            else:
-                (out[0, r], out[1, r], out[2, r], out[3, r],
-                 out[4, r], out[5, r], out[6, r], out[7, r]) = _dot_q6_k_8(data[r], sc, x, 0, nb)
+    xs = np.empty((x.shape[0], 1), np.float32)  # no direct terms
+    for r in prange(data.shape[0]):
+        if x.shape[0] == 1:
+            out[0, r] = _dot_q6_k_1(data[r], xs, x, 0, nb)
+        elif x.shape[0] == 4:
+            out[0, r], out[1, r], out[2, r], out[3, r] = _dot_q6_k_4(data[r], xs, x, 0, nb)
+        else:
+            (out[0, r], out[1, r], out[2, r], out[3, r],
+             out[4, r], out[5, r], out[6, r], out[7, r]) = _dot_q6_k_8(data[r], xs, x, 0, nb)
 
 
 _MV1 = {"f32": _mv1_f32, "f16": _mv1_f16, "bf16": _mv1_bf16}
