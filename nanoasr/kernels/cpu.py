@@ -400,30 +400,41 @@ def _w_q8_0(builder, blk):
 
 
 def _scales_mins(builder, v):
-    """Q4_K's 8 6-bit scales and mins as <8 x i8>, from its 12 packed bytes (v = 16 bytes from byte 4)."""
-    top = _i8const([0] * 4 + [0xC0] * 4, 8)  # bits 6-7 of bytes 0-7 become bits 4-5 of scales/mins 4-7
-    low = _i8const([63] * 4 + [15] * 4, 8)
-    def high(lanes):
-        return builder.lshr(builder.and_(_lanes(builder, v, lanes), top), _i8const(2, 8))
-    sc = builder.or_(builder.and_(_lanes(builder, v, [0, 1, 2, 3, 8, 9, 10, 11]), low),
-                     high([0, 1, 2, 3] * 2))
-    mn = builder.lshr(_lanes(builder, v, [4, 5, 6, 7, 8, 9, 10, 11]), _i8const([0] * 4 + [4] * 4, 8))
-    return sc, builder.or_(builder.and_(mn, low), high([4, 5, 6, 7] * 2))
+    """Q4_K's 8 6-bit scales and mins as <8 x i8>, from its 12 packed bytes (v = 16 bytes from byte 4):
+    scale/min j < 4 are the low 6 bits of bytes j / j+4; j >= 4 take bytes j+4's low / high nibble, with
+    bits 6-7 of bytes j-4 / j on top."""
+    const = lambda value: _i8const(value, 16)  # noqa: E731
+    low6 = builder.and_(v, const(63))
+    top = builder.and_(builder.lshr(v, const(2)), const(0x30))
+    zero = ir.Constant(v.type, None)
+    sc = builder.or_(_pick(builder, low6, builder.and_(v, const(15)), [0, 1, 2, 3, 24, 25, 26, 27]),
+                     _pick(builder, zero, top, [0, 0, 0, 0, 16, 17, 18, 19]))
+    mn = builder.or_(_pick(builder, low6, builder.lshr(v, const(4)), [4, 5, 6, 7, 24, 25, 26, 27]),
+                     _pick(builder, zero, top, [0, 0, 0, 0, 20, 21, 22, 23]))
+    return sc, mn
+
+
+def _pick(builder, a, b, idx):
+    """Lanes idx of a and b side by side (b's lanes numbered from len(a))."""
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
 
 
 def _w_q4_k(builder, blk):
     """Q4_K block: sub-block j (32 nibbles, low halves of bytes 32*(j//2).. for even j, high for odd) is a
-    group with scale d*sc_j; the mins enter as -dmin*m_j against the 32-column sums of x."""
+    group with scale d*sc_j; the mins enter as -dmin*m_j against the 32-column sums of x. Nibbles are split
+    after widening 16 bytes to 32-bit lanes, which loads and widens in one instruction."""
     v8 = ir.VectorType(_F32, 8)
+    i32x16 = ir.VectorType(_I32, 16)
     dm = _halfs(builder, blk, 0)
     sc, mn = _scales_mins(builder, _vec_at(builder, blk, 4, _I8, 16))
     scf = builder.fmul(builder.uitofp(sc, v8), _lanes(builder, dm, [0] * 8))
     mnf = builder.fmul(builder.uitofp(mn, v8), _lanes(builder, dm, [1] * 8))
     groups = []
     for c in range(4):
-        v = _vec_at(builder, blk, 16 + 32 * c, _I8, 32)
-        for h, nib in enumerate([builder.and_(v, _i8const(15)), builder.lshr(v, _i8const(4))]):
-            q = _int_lanes(builder, nib, False)
+        wide = [builder.zext(_vec_at(builder, blk, 16 + 32 * c + 16 * k, _I8, 16), i32x16) for k in range(2)]
+        for h in range(2):
+            q = [builder.uitofp(builder.and_(builder.lshr(w, ir.Constant(i32x16, [4 * h] * 16)),
+                                             ir.Constant(i32x16, [15] * 16)), _V16) for w in wide]
             off = 64 * c + 32 * h
             groups.append((_lanes(builder, scf, [2 * c + h] * 16), [(q[0], off), (q[1], off + 16)]))
     return groups, [(builder.fsub(ir.Constant(v8, None), mnf), 0)]
