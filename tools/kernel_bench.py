@@ -4,7 +4,8 @@
 
 Weights stream from memory as in decoding: each shape is timed over enough distinct copies of the matrix to
 overflow the last-level cache. GB/s counts the stored bytes of the matrix read per call. The per-token line
-adds 28 layers of q/k/v/o/gate/up/down plus the LM head. Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+adds 28 layers of q/k/v/o/gate/up/down plus the LM head; with q4_k and q6_k both timed, a Q4_K_M line
+mixes them as llama.cpp's Q4_K_M files do. Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
 unset (it re-executes itself without them), as users' machines have them.
 """
 from __future__ import annotations
@@ -80,6 +81,20 @@ def time_shape(rng, dtype: str, rows: int, cols: int, batch: int, reps: int) -> 
             "gbps_best": first.nbytes / best / 1e9, "gbps_median": first.nbytes / median / 1e9}
 
 
+def q4_k_m_step(results: list, batch: int) -> dict | None:
+    """The decoder step of a Q4_K_M file from the q4_k and q6_k timings: llama.cpp stores the LM head
+    (tied token embedding) and attn_v / ffn_down of half the layers as q6_k, the rest as q4_k."""
+    ms = {(r["dtype"], r["name"]): r for r in results if r["batch"] == batch}
+    if not all((t, n) in ms for t in ("q4_k", "q6_k") for n in SHAPES):
+        return None
+    plan = [("q4_k", n, LAYERS) for n in SHAPES if n not in ("v", "down", "lm_head")]
+    plan += [(t, n, LAYERS // 2) for t in ("q4_k", "q6_k") for n in ("v", "down")] + [("q6_k", "lm_head", 1)]
+    token = sum(k * ms[t, n]["ms_median"] for t, n, k in plan)
+    nbytes = sum(k * ms[t, n]["bytes"] for t, n, k in plan)
+    return {"dtype": "q4_k_m", "batch": batch, "name": "decoder_step", "ms_median": token, "bytes": nbytes,
+            "gbps_median": nbytes / token / 1e6}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -121,6 +136,11 @@ def main(argv=None) -> int:
                       f"{nbytes / token / 1e6:.1f} GB/s")
                 results.append({"dtype": dtype, "batch": batch, "name": "decoder_step", "ms_median": token,
                                 "bytes": nbytes, "gbps_median": nbytes / token / 1e6})
+        mix = q4_k_m_step(results, batch)
+        if mix:
+            print(f"q4_k_m {batch:>2} decoder step (Q4_K_M mix, medians): {mix['ms_median']:.1f} ms, "
+                  f"{mix['gbps_median']:.1f} GB/s")
+            results.append(mix)
     if args.json:
         args.json.write_text(json.dumps({"threads": args.threads, "results": results}, indent=1))
     return 0

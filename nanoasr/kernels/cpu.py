@@ -461,12 +461,13 @@ def _w_q6_k(builder, blk):
 
 
 def _rowdot(name, weights, block_bytes, block_elems, unroll, nx):
-    """Intrinsic (row, xs, x, b, nb) -> the dot products of one stored row of nb blocks with x[b:b+nx]
+    """Intrinsic (row, xs, x, b, k0, nb) -> the dot products of blocks k0.. k0+nb-1 of one stored row with
+    the matching columns of x[b:b+nx]
     (float32, or a tuple of nx); xs holds x's 32-column sums for the direct terms. The block loop is unrolled
     `unroll` times and sums rotate over several accumulators, so no single FMA chain sets the pace."""
     slots = 4 if nx == 1 else 2
 
-    def rowdot(typingctx, row, xs, x, b, nb):
+    def rowdot(typingctx, row, xs, x, b, k0, nb):
         ret = types.float32 if nx == 1 else types.UniTuple(types.float32, nx)
 
         def codegen(context, builder, sig, args):
@@ -491,6 +492,7 @@ def _rowdot(name, weights, block_bytes, block_elems, unroll, nx):
                 builder.store(builder.call(fma[a.type.count], [a, b_, builder.load(ptr)]), ptr)
 
             def block(index, slot):
+                index = builder.add(index, args[4])
                 blk = builder.gep(rowp, [builder.mul(index, i64(block_bytes))])
                 xo = builder.mul(index, i64(block_elems))
                 so = builder.mul(index, i64(block_elems // 32))
@@ -513,7 +515,7 @@ def _rowdot(name, weights, block_bytes, block_elems, unroll, nx):
                         mac(dacc[r], w, _vec_at(builder, builder.gep(srows[r], [so]), off, _F32, 8))
                 return slot
 
-            nb = args[4]
+            nb = args[5]
             main = builder.udiv(nb, i64(unroll))
             with cgutils.for_range(builder, main) as loop:
                 slot = 0
@@ -531,7 +533,7 @@ def _rowdot(name, weights, block_bytes, block_elems, unroll, nx):
                     ir.VectorType(_I32, 16), list(range(16)))))
                 sums.append(_hsum(builder, total, 16))
             return sums[0] if nx == 1 else context.make_tuple(builder, sig.return_type, sums)
-        return ret(row, xs, x, b, nb), codegen
+        return ret(row, xs, x, b, k0, nb), codegen
     rowdot.__name__ = rowdot.__qualname__ = name
     return intrinsic(rowdot)
 
@@ -557,46 +559,68 @@ def _sums32(x):  # x float32 [B, cols] -> float32 [B, cols // 32]: sums of x ove
     return out
 
 
+_TILE = 512  # columns per pass for several rows of x: 8 rows of 512 float32 stay in L1 beside the weights
+_ROWS = 32  # weight rows per parallel task for several rows of x
+
+
+@njit(cache=True)
+def _add(out, r, sums):  # out[:, r] += sums (a tuple of len(out))
+    for b in range(out.shape[0]):
+        out[b, r] += sums[b]
+
+
 @njit(parallel=True, cache=True)
 def _mv_q8_0(x, data, out):  # x float32 [1, 4 or 8, cols], data uint8 [rows, nb*34] -> out float32 [B, rows]
-    nb = x.shape[1] // 32
     xs = np.empty((x.shape[0], 1), np.float32)  # no direct terms
-    for r in prange(data.shape[0]):
-        if x.shape[0] == 1:
-            out[0, r] = _dot_q8_0_1(data[r], xs, x, 0, nb)
-        elif x.shape[0] == 4:
-            out[0, r], out[1, r], out[2, r], out[3, r] = _dot_q8_0_4(data[r], xs, x, 0, nb)
-        else:
-            (out[0, r], out[1, r], out[2, r], out[3, r],
-             out[4, r], out[5, r], out[6, r], out[7, r]) = _dot_q8_0_8(data[r], xs, x, 0, nb)
+    nb, step, rows = x.shape[1] // 32, _TILE // 32, data.shape[0]
+    if x.shape[0] == 1:
+        for r in prange(rows):
+            out[0, r] = _dot_q8_0_1(data[r], xs, x, 0, 0, nb)
+        return
+    out[:] = 0
+    for t in prange((rows + _ROWS - 1) // _ROWS):
+        for k0 in range(0, nb, step):
+            for r in range(t * _ROWS, min(rows, (t + 1) * _ROWS)):
+                if x.shape[0] == 4:
+                    _add(out, r, _dot_q8_0_4(data[r], xs, x, 0, k0, min(step, nb - k0)))
+                else:
+                    _add(out, r, _dot_q8_0_8(data[r], xs, x, 0, k0, min(step, nb - k0)))
 
 
 @njit(parallel=True, cache=True)
 def _mv_q4_k(x, data, out):  # x float32 [1, 4 or 8, cols], data uint8 [rows, nb*144] -> out float32 [B, rows]
-    nb = x.shape[1] // 256
     xs = _sums32(x)
-    for r in prange(data.shape[0]):
-        if x.shape[0] == 1:
-            out[0, r] = _dot_q4_k_1(data[r], xs, x, 0, nb)
-        elif x.shape[0] == 4:
-            out[0, r], out[1, r], out[2, r], out[3, r] = _dot_q4_k_4(data[r], xs, x, 0, nb)
-        else:
-            (out[0, r], out[1, r], out[2, r], out[3, r],
-             out[4, r], out[5, r], out[6, r], out[7, r]) = _dot_q4_k_8(data[r], xs, x, 0, nb)
+    nb, step, rows = x.shape[1] // 256, _TILE // 256, data.shape[0]
+    if x.shape[0] == 1:
+        for r in prange(rows):
+            out[0, r] = _dot_q4_k_1(data[r], xs, x, 0, 0, nb)
+        return
+    out[:] = 0
+    for t in prange((rows + _ROWS - 1) // _ROWS):
+        for k0 in range(0, nb, step):
+            for r in range(t * _ROWS, min(rows, (t + 1) * _ROWS)):
+                if x.shape[0] == 4:
+                    _add(out, r, _dot_q4_k_4(data[r], xs, x, 0, k0, min(step, nb - k0)))
+                else:
+                    _add(out, r, _dot_q4_k_8(data[r], xs, x, 0, k0, min(step, nb - k0)))
 
 
 @njit(parallel=True, cache=True)
 def _mv_q6_k(x, data, out):  # x float32 [1, 4 or 8, cols], data uint8 [rows, nb*210] -> out float32 [B, rows]
-    nb = x.shape[1] // 256
     xs = np.empty((x.shape[0], 1), np.float32)  # no direct terms
-    for r in prange(data.shape[0]):
-        if x.shape[0] == 1:
-            out[0, r] = _dot_q6_k_1(data[r], xs, x, 0, nb)
-        elif x.shape[0] == 4:
-            out[0, r], out[1, r], out[2, r], out[3, r] = _dot_q6_k_4(data[r], xs, x, 0, nb)
-        else:
-            (out[0, r], out[1, r], out[2, r], out[3, r],
-             out[4, r], out[5, r], out[6, r], out[7, r]) = _dot_q6_k_8(data[r], xs, x, 0, nb)
+    nb, step, rows = x.shape[1] // 256, _TILE // 256, data.shape[0]
+    if x.shape[0] == 1:
+        for r in prange(rows):
+            out[0, r] = _dot_q6_k_1(data[r], xs, x, 0, 0, nb)
+        return
+    out[:] = 0
+    for t in prange((rows + _ROWS - 1) // _ROWS):
+        for k0 in range(0, nb, step):
+            for r in range(t * _ROWS, min(rows, (t + 1) * _ROWS)):
+                if x.shape[0] == 4:
+                    _add(out, r, _dot_q6_k_4(data[r], xs, x, 0, k0, min(step, nb - k0)))
+                else:
+                    _add(out, r, _dot_q6_k_8(data[r], xs, x, 0, k0, min(step, nb - k0)))
 
 
 _MV1 = {"f32": _mv1_f32, "f16": _mv1_f16, "bf16": _mv1_bf16}
@@ -652,14 +676,22 @@ def _product(x, data, dtype, out):  # x [n <= 8, cols] -> out [n, rows]
         return
     width = 1 if n == 1 else 4 if n <= 4 else 8  # the x heights the block kernels are built for
     kernel = _MVQ.get(dtype) or _MVB[dtype]
-    if width == n:
+    # each weight vector meets every row of x: x rows split across cache lines cost ~1.6x in that loop
+    if width == n and (n == 1 or x.ctypes.data % 64 == 0 and x.strides[0] % 64 == 0):
         kernel(x, data, out)
         return
-    xp = np.zeros((width, x.shape[1]), np.float32)
+    xp = _aligned_zeros(width, x.shape[1])
     xp[:n] = x
     op = np.empty((width, out.shape[1]), np.float32)
     kernel(xp, data, op)
     out[:] = op[:n]
+
+
+def _aligned_zeros(n: int, cols: int) -> np.ndarray:
+    """float32 zeros [n, cols] starting on a 64-byte boundary."""
+    buf = np.zeros(n * cols + 16, np.float32)
+    start = (-buf.ctypes.data % 64) // 4
+    return buf[start:start + n * cols].reshape(n, cols)
 
 
 def widen(data: np.ndarray, dtype: str, rows: int, cols: int, out: np.ndarray) -> np.ndarray:
