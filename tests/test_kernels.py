@@ -141,3 +141,21 @@ def test_importing_nanoasr_does_not_import_numba():
     code = "import sys, nanoasr, nanoasr.kernels; print('numba' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("shift", [0, 1, 4])
+def test_matvec_any_alignment_of_x(dtype, shift):
+    """x whose rows start on a 64-byte boundary goes to the kernel as is; any other x is copied first."""
+    rng = np.random.default_rng(shift)
+    rows, cols, batch = 40, 1536, 8  # 1536 columns: three column passes of the several-rows kernels
+    data, w = stored(rng, dtype, rows, cols)
+    buf = np.zeros(batch * cols + 32, np.float32)
+    start = (-buf.ctypes.data % 64) // 4 + shift
+    x = buf[start:start + batch * cols].reshape(batch, cols)
+    x[:] = rng.standard_normal((batch, cols))
+    out = np.full((batch, rows), np.nan, np.float32)
+    cpu.matvec(x, data, dtype, rows, cols, out)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    rel = np.linalg.norm(out - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    assert rel.max() < TOL, f"{dtype} shift {shift}: relative error {rel.max():.2e}"
