@@ -90,9 +90,11 @@ def main() -> int:
                       prefill_rel_err=float(np.linalg.norm(prefill - base_prefill) / np.linalg.norm(base_prefill)),
                       top1_agreement=float((top1 == base_top1).mean()))
         rows[f"{target} gguf"] = result
-    lines = ["# GGUF drift", "", f"Produced by `python tools/gguf_drift.py {' '.join(sys.argv[1:])}` on the checkpoint "
-             f"above: {SECONDS} s of speech-like audio, funasr profile, {STEPS} decode steps forced along the "
-             "BF16 path's greedy ids, 2 threads.", "",
+    lines = ["# GGUF drift", "",
+             f"Produced by `python tools/gguf_drift.py {' '.join(sys.argv[1:])}`: {SECONDS} s of speech-like audio, "
+             f"funasr profile, {STEPS} decode steps forced along the BF16 path's greedy ids, 2 threads (checkpoint "
+             "and files: [README.md](README.md)). The weights are random, not trained: drift on the real "
+             "checkpoint is not measured here.", "",
              "| model | file MB | load s | peak RSS MB | prefill logits rel. error | top-1 agreement |",
              "|---|---|---|---|---|---|"]
     for name, r in rows.items():
