@@ -59,6 +59,19 @@ def _write_cache(cache: KVCache, layer, rows: slice, start, k, v):  # k, v [B, n
         cache.v[layer, rows.start, :, s:s + n] = v[0].transpose(1, 0, 2)
 
 
+def _prefill_attention(q, keys, values, mask, group):  # q [B, n, heads, hd], cache views -> [B, n, heads*hd]
+    xp = array_module(q)
+    b, n, _, hd = q.shape
+    kvh, m = keys.shape[1], mask.shape[-1]
+    keys, values = keys[:, :, :m], values[:, :, :m]  # [B, kvh, m, hd]
+    # the query heads sharing a kv head become one [g*n, hd] matrix, so each product is one plain GEMM
+    q = xp.ascontiguousarray((q * np.float32(hd ** -0.5)).reshape(b, n, kvh, group, hd).transpose(0, 2, 3, 1, 4))
+    scores = (q.reshape(b, kvh, group * n, hd) @ xp.swapaxes(keys, -1, -2)).reshape(b, kvh, group, n, m)
+    scores = xp.where(mask[:, None, None], scores, np.float32(-np.inf))
+    attn = softmax(scores).reshape(b, kvh, group * n, m) @ values  # [B, kvh, g*n, hd]
+    return attn.reshape(b, kvh, group, n, hd).transpose(0, 3, 1, 2, 4).reshape(b, n, -1)
+
+
 def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, rope, mask):  # [B, n, H]
     xp = array_module(x)
     p = f"{P}layers.{i}."
@@ -72,15 +85,13 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
     q = apply_rope(rms_norm(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps), *rope)
     k = apply_rope(rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps), *rope)
     _write_cache(cache, i, rows, start, k, v)
-    m = mask.shape[-1]
-    keys = cache.k[i, rows, :, :m]  # [B, kvh, m, hd] (a view of the cache)
-    values = cache.v[i, rows, :, :m]
-    # the query heads sharing a kv head become one [g*n, hd] matrix, so each product is one plain GEMM
-    q = xp.ascontiguousarray((q * np.float32(hd ** -0.5)).reshape(b, n, kvh, group, hd).transpose(0, 2, 3, 1, 4))
-    scores = (q.reshape(b, kvh, group * n, hd) @ xp.swapaxes(keys, -1, -2)).reshape(b, kvh, group, n, m)
-    scores = xp.where(mask[:, None, None], scores, np.float32(-np.inf))
-    attn = softmax(scores).reshape(b, kvh, group * n, m) @ values  # [B, kvh, g*n, hd]
-    attn = attn.reshape(b, kvh, group, n, hd).transpose(0, 3, 1, 2, 4).reshape(b, n, -1)  # [B, n, heads*hd]
+    if n == 1 and xp is np:  # decode: one new position per row, straight over the cache
+        from nanoasr.kernels.attention import decode_attention
+
+        q = (q * np.float32(hd ** -0.5)).reshape(b, kvh, group, hd)
+        attn = decode_attention(q, cache.k[i, rows], cache.v[i, rows], start + 1).reshape(b, 1, -1)
+    else:
+        attn = _prefill_attention(q, cache.k[i, rows], cache.v[i, rows], mask, group)
     x = x + linear(attn, w[p + "self_attn.o_proj.weight"])
     h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
     gated = silu(linear(h, w[p + "mlp.gate_proj.weight"])) * linear(h, w[p + "mlp.up_proj.weight"])
