@@ -299,62 +299,6 @@ def _mv1_bf16(x, data, out):
         out[r] = _dot_bf16(data[r], x)
 
 
-# ---- several rows of x: widen one stored row into a small buffer, then four dot products per pass ----
-
-_CHUNK = 16  # rows per parallel task: each task allocates one row buffer
-
-
-@njit(fastmath=_REASSOC, cache=True)
-def _dot4(w, x, b, out, r):  # w float32 [cols], x float32 [B4, cols]: out[b:b+4, r] = x[b:b+4] @ w
-    a0 = np.float32(0)
-    a1 = np.float32(0)
-    a2 = np.float32(0)
-    a3 = np.float32(0)
-    x0, x1, x2, x3 = x[b], x[b + 1], x[b + 2], x[b + 3]
-    for c in range(w.shape[0]):
-        wc = w[c]
-        a0 += wc * x0[c]
-        a1 += wc * x1[c]
-        a2 += wc * x2[c]
-        a3 += wc * x3[c]
-    out[b, r] = a0
-    out[b + 1, r] = a1
-    out[b + 2, r] = a2
-    out[b + 3, r] = a3
-
-
-@njit(cache=True)
-def _rows(x, w, out, r):  # all four-row groups of x against the widened row w
-    for b in range(0, x.shape[0], 4):
-        _dot4(w, x, b, out, r)
-
-
-@njit(parallel=True, cache=True)
-def _mvb_f32(x, data, out):  # x [B4, cols], data [rows, cols] -> out [B4, rows]
-    for r in prange(data.shape[0]):
-        _rows(x, data[r], out, r)
-
-
-@njit(parallel=True, cache=True)
-def _mvb_f16(x, data, out):
-    rows = data.shape[0]
-    for t in prange((rows + _CHUNK - 1) // _CHUNK):
-        w = np.empty(x.shape[1], np.float32)
-        for r in range(t * _CHUNK, min(rows, (t + 1) * _CHUNK)):
-            _row_f16(data[r], w)
-            _rows(x, w, out, r)
-
-
-@njit(parallel=True, cache=True)
-def _mvb_bf16(x, data, out):
-    rows = data.shape[0]
-    for t in prange((rows + _CHUNK - 1) // _CHUNK):
-        w = np.empty(x.shape[1], np.float32)
-        for r in range(t * _CHUNK, min(rows, (t + 1) * _CHUNK)):
-            _row_bf16(data[r], w)
-            _rows(x, w, out, r)
-
-
 # ---- block types: one pass over the stored row, per-lane sums in registers (LLVM vector code) ----
 #
 # A block decoder returns groups (s, [(q, off), ...]): 16-lane float vectors q of quant values that share
@@ -460,172 +404,320 @@ def _w_q6_k(builder, blk):
     return groups, []
 
 
-def _rowdot(name, weights, block_bytes, block_elems, unroll, nx):
-    """Intrinsic (row, xs, x, b, k0, nb) -> the dot products of blocks k0.. k0+nb-1 of one stored row with
-    the matching columns of x[b:b+nx]
-    (float32, or a tuple of nx); xs holds x's 32-column sums for the direct terms. The block loop is unrolled
-    `unroll` times and sums rotate over several accumulators, so no single FMA chain sets the pace."""
-    slots = 4 if nx == 1 else 2
+def _w_dense(load, size):
+    """A dense block of 32 values (`size` bytes each) as one unscaled group; load(builder, blk, byte offset)
+    gives 16 of them as floats."""
+    def weights(builder, blk):
+        return [(None, [(load(builder, blk, 0), 0), (load(builder, blk, 16 * size), 16)])], []
+    return weights
 
-    def rowdot(typingctx, row, xs, x, b, k0, nb):
-        ret = types.float32 if nx == 1 else types.UniTuple(types.float32, nx)
 
+def _f32x16(builder, blk, off):
+    return _vec_at(builder, blk, off, _F32, 16)
+
+
+def _f16x16(builder, blk, off):
+    return builder.fpext(_vec_at(builder, blk, off, ir.HalfType(), 16), _V16)
+
+
+def _bf16x16(builder, blk, off):
+    i32x16 = ir.VectorType(_I32, 16)
+    wide = builder.zext(_vec_at(builder, blk, off, _I16, 16), i32x16)
+    return builder.bitcast(builder.shl(wide, ir.Constant(i32x16, [16] * 16)), _V16)
+
+
+def _fma(builder, a, b, c):
+    """a * b + c, one rounding, for float vectors."""
+    ty = a.type
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), f"llvm.fma.v{ty.count}f32")
+    return builder.call(fn, [a, b, c])
+
+
+def _mac(builder, ptr, a, b):  # *ptr += a * b
+    builder.store(_fma(builder, a, b, builder.load(ptr)), ptr)
+
+
+def _prefetch(builder, ptr):
+    """Ask for the cache line at ptr (i8*): the weight rows are too short a stream for the hardware prefetcher
+    to run far enough ahead while several rows of x keep each line busy for many cycles."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
+                                        "llvm.prefetch.p0i8")
+    builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+
+
+def _block_loop(builder, nb, unroll, block):
+    """block(index, slot) -> next slot, for index < nb, the loop unrolled `unroll` times."""
+    i64 = lambda v: ir.Constant(ir.IntType(64), v)  # noqa: E731
+    main = builder.udiv(nb, i64(unroll))
+    with cgutils.for_range(builder, main) as loop:
+        slot = 0
+        for u in range(unroll):
+            slot = block(builder.add(builder.mul(loop.index, i64(unroll)), i64(u)), slot)
+    with cgutils.for_range(builder, builder.sub(nb, builder.mul(main, i64(unroll)))) as loop:
+        block(builder.add(builder.mul(main, i64(unroll)), loop.index), 0)
+
+
+def _widen16(builder, v):
+    """<8 x float> as <16 x float>, zeros above."""
+    return builder.shuffle_vector(v, ir.Constant(v.type, None), ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+
+
+def _rowdot(name, weights, block_bytes, block_elems, unroll):
+    """Intrinsic (row, xs, x, nb) -> the dot product of the first nb blocks of one stored row with x (float32
+    [cols]); xs holds x's 32-column sums for the direct terms. Each group's q*x is summed, then scaled once; the
+    block loop is unrolled `unroll` times and sums rotate over 4 accumulators, so no FMA chain sets the pace."""
+    slots = 4
+
+    def rowdot(typingctx, row, xs, x, nb):
         def codegen(context, builder, sig, args):
             i64 = lambda v: ir.Constant(ir.IntType(64), v)  # noqa: E731
             rowp = context.make_array(sig.args[0])(context, builder, args[0]).data
-            xsa = context.make_array(sig.args[1])(context, builder, args[1])
-            xa = context.make_array(sig.args[2])(context, builder, args[2])
-            cols = cgutils.unpack_tuple(builder, xa.shape)[1]
-            scols = cgutils.unpack_tuple(builder, xsa.shape)[1]
-            first = [builder.add(args[3], i64(i)) for i in range(nx)]
-            xrows = [builder.gep(xa.data, [builder.mul(r, cols)]) for r in first]
-            srows = [builder.gep(xsa.data, [builder.mul(r, scols)]) for r in first]
-            acc = [[cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in range(slots)]
-                   for _ in range(nx)]
-            dacc = [cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(_F32, 8), None))
-                    for _ in range(nx)]
-            fma = {n: cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VectorType(_F32, n), [ir.VectorType(_F32, n)] * 3),
-                f"llvm.fma.v{n}f32") for n in (8, 16)}
-
-            def mac(ptr, a, b_):
-                builder.store(builder.call(fma[a.type.count], [a, b_, builder.load(ptr)]), ptr)
+            srow = context.make_array(sig.args[1])(context, builder, args[1]).data
+            xrow = context.make_array(sig.args[2])(context, builder, args[2]).data
+            acc = [cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in range(slots)]
+            dacc = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(_F32, 8), None))
 
             def block(index, slot):
-                index = builder.add(index, args[4])
                 blk = builder.gep(rowp, [builder.mul(index, i64(block_bytes))])
-                xo = builder.mul(index, i64(block_elems))
-                so = builder.mul(index, i64(block_elems // 32))
+                xb = builder.gep(xrow, [builder.mul(index, i64(block_elems))])
+                sb = builder.gep(srow, [builder.mul(index, i64(block_elems // 32))])
                 groups, direct = weights(builder, blk)
-                xv = lambda r, off: _vec_at(builder, builder.gep(xrows[r], [xo]), off, _F32, 16)  # noqa: E731
                 for s, qs in groups:
-                    if nx == 1:
-                        p = builder.fmul(qs[0][0], xv(0, qs[0][1]))
-                        for q, off in qs[1:]:
-                            p = builder.call(fma[16], [q, xv(0, off), p])
-                        mac(acc[0][slot], p, s)
-                    else:
-                        for q, off in qs:
-                            w = builder.fmul(q, s)
-                            for r in range(nx):
-                                mac(acc[r][slot], w, xv(r, off))
+                    p = builder.fmul(qs[0][0], _vec_at(builder, xb, qs[0][1], _F32, 16))
+                    for q, off in qs[1:]:
+                        p = _fma(builder, q, _vec_at(builder, xb, off, _F32, 16), p)
+                    _mac(builder, acc[slot], p, s)
                     slot = (slot + 1) % slots
                 for w, off in direct:
-                    for r in range(nx):
-                        mac(dacc[r], w, _vec_at(builder, builder.gep(srows[r], [so]), off, _F32, 8))
+                    _mac(builder, dacc, w, _vec_at(builder, sb, off, _F32, 8))
                 return slot
 
-            nb = args[5]
-            main = builder.udiv(nb, i64(unroll))
-            with cgutils.for_range(builder, main) as loop:
-                slot = 0
-                for u in range(unroll):
-                    slot = block(builder.add(builder.mul(loop.index, i64(unroll)), i64(u)), slot)
-            with cgutils.for_range(builder, builder.sub(nb, builder.mul(main, i64(unroll)))) as loop:
-                block(builder.add(builder.mul(main, i64(unroll)), loop.index), 0)
-            sums = []
-            for r in range(nx):
-                total = builder.load(acc[r][0])
-                for a in acc[r][1:]:
-                    total = builder.fadd(total, builder.load(a))
-                d = builder.load(dacc[r])
-                total = builder.fadd(total, builder.shuffle_vector(d, ir.Constant(d.type, None), ir.Constant(
-                    ir.VectorType(_I32, 16), list(range(16)))))
-                sums.append(_hsum(builder, total, 16))
-            return sums[0] if nx == 1 else context.make_tuple(builder, sig.return_type, sums)
-        return ret(row, xs, x, b, k0, nb), codegen
+            _block_loop(builder, args[3], unroll, block)
+            total = _widen16(builder, builder.load(dacc))
+            for a in acc:
+                total = builder.fadd(total, builder.load(a))
+            return _hsum(builder, total, 16)
+        return types.float32(row, xs, x, nb), codegen
     rowdot.__name__ = rowdot.__qualname__ = name
     return intrinsic(rowdot)
 
 
-_DOT = {(t, n): _rowdot(f"_dot_{t}_{n}", weights, nbytes, per, unroll, n)
-        for t, weights, per, nbytes, unroll in [("q8_0", _w_q8_0, 32, 34, 4), ("q4_k", _w_q4_k, 256, 144, 1),
-                                                ("q6_k", _w_q6_k, 256, 210, 1)]
-        for n in (1, 4, 8)}
-_dot_q8_0_1, _dot_q8_0_4, _dot_q8_0_8 = (_DOT["q8_0", n] for n in (1, 4, 8))
-_dot_q4_k_1, _dot_q4_k_4, _dot_q4_k_8 = (_DOT["q4_k", n] for n in (1, 4, 8))
-_dot_q6_k_1, _dot_q6_k_4, _dot_q6_k_8 = (_DOT["q6_k", n] for n in (1, 4, 8))
+def _lane_sums(builder, vs):
+    """<len(vs) x float> of the lane sums of the 16-lane vectors vs (a power of two of them, at most 16):
+    pairs are folded into vectors of half-length segments until one is left, then its segments summed."""
+    seg = 16
+    while len(vs) > 1:
+        half = seg // 2
+        lo = [s * seg + j for s in range(16 // seg) for j in range(half)]
+        lo += [16 + i for i in lo]
+        hi = [i + half for i in lo]
+        vs = [builder.fadd(_pick(builder, a, b, lo), _pick(builder, a, b, hi)) for a, b in zip(vs[::2], vs[1::2])]
+        seg = half
+    v, width = vs[0], 16
+    while seg > 1:
+        half = seg // 2
+        lo = [s * seg + j for s in range(width // seg) for j in range(half)]
+        v = builder.fadd(_lanes(builder, v, lo), _lanes(builder, v, [i + half for i in lo]))
+        seg, width = half, width // 2
+    return v
+
+
+_TILE = 4096  # columns per pass for several rows of x: nx rows of 512 float32 stay in L1 beside the weights
+_ROWS = 32  # weight rows per parallel task for several rows of x
+_AHEAD = 2048  # bytes of a weight row prefetched ahead of the block being read
+_PAIR = 2  # weight rows decoded together, so that each load of x feeds two FMAs
+
+
+def _rowsdot(name, weights, block_bytes, block_elems, unroll, nx):
+    """Intrinsic (data, xp, xs, nb, r0, r1, out): out[:, r0:r1] = x @ W[r0:r1].T over the first nb blocks of
+    each row, r1 - r0 <= _ROWS, for x packed as xp [nb*block_elems/16, nx, 16] (16 columns of every row of x
+    side by side; xs: the 32-column sums packed [nb, nx, block_elems/32], for the direct terms); rows of x
+    past out.shape[0] are padding, not written. Columns go in tiles of _TILE and the rows inside a tile, so the
+    tile of x stays in L1: each weight vector is decoded once into a register and met with the same 16
+    columns of all nx rows (nx accumulators); per row and tile the nx sums are reduced together."""
+    def rowsdot(typingctx, data, xp, xs, nb, r0, r1, out):
+        def codegen(context, builder, sig, args):
+            i64 = lambda v: ir.Constant(ir.IntType(64), v)  # noqa: E731
+            da, xa, sa = (context.make_array(sig.args[i])(context, builder, args[i]) for i in range(3))
+            oa = context.make_array(sig.args[6])(context, builder, args[6])
+            base = builder.bitcast(da.data, ir.PointerType(_I8))
+            stride = cgutils.unpack_tuple(builder, da.strides)[0]
+            nout, orow = cgutils.unpack_tuple(builder, oa.shape)
+            nb, r0, r1 = args[3:6]
+            rows = builder.sub(r1, r0)
+            vec = ir.VectorType(_F32, nx)
+            sums = cgutils.alloca_once(builder, vec, size=_ROWS)  # per row, summed over the tiles
+            with cgutils.for_range(builder, rows) as row:
+                builder.store(ir.Constant(vec, None), builder.gep(sums, [row.index]))
+            acc = [[cgutils.alloca_once(builder, _V16) for _ in range(nx)] for _ in range(_PAIR)]
+            dacc = [[cgutils.alloca_once(builder, ir.VectorType(_F32, 8)) for _ in range(nx)] for _ in range(_PAIR)]
+            step = max(1, _TILE // block_elems)
+            last = builder.sub(rows, i64(1))
+            with cgutils.for_range(builder, builder.udiv(builder.add(nb, i64(step - 1)), i64(step))) as tile:
+                k0 = builder.mul(tile.index, i64(step))
+                left = builder.sub(nb, k0)
+                kn = builder.select(builder.icmp_unsigned("<", left, i64(step)), left, i64(step))
+                with cgutils.for_range(builder, builder.udiv(builder.add(rows, i64(_PAIR - 1)), i64(_PAIR))) as pair:
+                    # rows i, i+1 (the last row twice when the count is odd)
+                    first = builder.mul(pair.index, i64(_PAIR))
+                    idx = [first] + [builder.select(builder.icmp_unsigned("<", builder.add(first, i64(j)), rows),
+                                                    builder.add(first, i64(j)), last) for j in range(1, _PAIR)]
+                    wrows = [builder.gep(base, [builder.mul(builder.add(r0, i), stride)]) for i in idx]
+                    for a in sum(acc + dacc, []):
+                        builder.store(ir.Constant(a.type.pointee, None), a)
+
+                    def block(index, slot):
+                        index = builder.add(index, k0)
+                        xb = builder.gep(xa.data, [builder.mul(index, i64(block_elems * nx))])
+                        sb = builder.gep(sa.data, [builder.mul(index, i64(block_elems // 32 * nx))])
+                        blks = [builder.gep(w, [builder.mul(index, i64(block_bytes))]) for w in wrows]
+                        for blk in blks:
+                            _prefetch(builder, builder.gep(blk, [i64(_AHEAD)]))
+                        decoded = [weights(builder, blk) for blk in blks]
+                        for groups in zip(*(g for g, _ in decoded)):
+                            for qs in zip(*(q for _, q in groups)):
+                                ws = [q if s is None else builder.fmul(q, s) for (q, _), (s, _) in zip(qs, groups)]
+                                for b in range(nx):
+                                    xv = _vec_at(builder, xb, qs[0][1] * nx + 16 * b, _F32, 16)
+                                    for j, w in enumerate(ws):
+                                        _mac(builder, acc[j][b], w, xv)
+                        for direct in zip(*(d for _, d in decoded)):
+                            n = direct[0][0].type.count
+                            for b in range(nx):
+                                sv = _vec_at(builder, sb, direct[0][1] * nx + n * b, _F32, n)
+                                for j, (w, _) in enumerate(direct):
+                                    _mac(builder, dacc[j][b], w, sv)
+                        return slot
+
+                    _block_loop(builder, kn, unroll, block)
+                    for j, i in enumerate(idx):  # a repeated row is added once
+                        at = builder.gep(sums, [i])
+                        old = builder.load(at)
+                        new = builder.fadd(old, _lane_sums(builder, [
+                            builder.fadd(builder.load(a), _widen16(builder, builder.load(d)))
+                            for a, d in zip(acc[j], dacc[j])]))
+                        builder.store(new if j == 0 else builder.select(builder.icmp_unsigned("==", i, idx[j - 1]),
+                                                                        old, new), at)
+            with cgutils.for_range(builder, rows) as row:
+                v = builder.load(builder.gep(sums, [row.index]))
+                r = builder.add(r0, row.index)
+                for b in range(nx):
+                    with builder.if_then(builder.icmp_signed("<", i64(b), nout)):
+                        builder.store(builder.extract_element(v, ir.Constant(_I32, b)),
+                                      builder.gep(oa.data, [builder.add(builder.mul(i64(b), orow), r)]))
+            return context.get_dummy_value()
+        return types.none(data, xp, xs, nb, r0, r1, out), codegen
+    rowsdot.__name__ = rowsdot.__qualname__ = name
+    return intrinsic(rowsdot)
+
+
+_BLOCKS = {  # type: (decoder, bytes and elements per block, block loop unrolling)
+    "q8_0": (_w_q8_0, 34, 32, 4), "q4_k": (_w_q4_k, 144, 256, 1), "q6_k": (_w_q6_k, 210, 256, 1),
+    "f32": (_w_dense(_f32x16, 4), 128, 32, 2), "f16": (_w_dense(_f16x16, 2), 64, 32, 2),
+    "bf16": (_w_dense(_bf16x16, 2), 64, 32, 2)}
+_dot_q8_0, _dot_q4_k, _dot_q6_k = (_rowdot(f"_dot_{t}", *_BLOCKS[t]) for t in ("q8_0", "q4_k", "q6_k"))
+_DOTS = {(t, nx): _rowsdot(f"_dots_{t}_{nx}", *_BLOCKS[t], nx) for t in _BLOCKS for nx in (4, 8)}
+_dots_q8_0_4, _dots_q4_k_4, _dots_q6_k_4, _dots_f32_4, _dots_f16_4, _dots_bf16_4 = (_DOTS[t, 4] for t in _BLOCKS)
+_dots_q8_0_8, _dots_q4_k_8, _dots_q6_k_8, _dots_f32_8, _dots_f16_8, _dots_bf16_8 = (_DOTS[t, 8] for t in _BLOCKS)
 
 
 @njit(fastmath=_REASSOC, cache=True)
-def _sums32(x):  # x float32 [B, cols] -> float32 [B, cols // 32]: sums of x over each 32 columns
-    out = np.empty((x.shape[0], x.shape[1] // 32), np.float32)
-    for b in range(x.shape[0]):
-        for g in range(out.shape[1]):
-            s = np.float32(0)
-            for k in range(32):
-                s += x[b, 32 * g + k]
-            out[b, g] = s
+def _sums32(x):  # x float32 [cols] -> float32 [cols // 32]: sums of x over each 32 columns
+    out = np.empty(x.shape[0] // 32, np.float32)
+    for g in range(out.shape[0]):
+        s = np.float32(0)
+        for k in range(32):
+            s += x[32 * g + k]
+        out[g] = s
     return out
 
 
-_TILE = 512  # columns per pass for several rows of x: 8 rows of 512 float32 stay in L1 beside the weights
-_ROWS = 32  # weight rows per parallel task for several rows of x
-
-
-@njit(cache=True)
-def _add(out, r, sums):  # out[:, r] += sums (a tuple of len(out))
-    for b in range(out.shape[0]):
-        out[b, r] += sums[b]
+@njit(parallel=True, cache=True)
+def _mv1_q8_0(x, data, out):  # x float32 [cols], data uint8 [rows, nb*34] -> out float32 [rows]
+    for r in prange(data.shape[0]):
+        out[r] = _dot_q8_0(data[r], x, x, x.shape[0] // 32)  # no direct terms: xs unused
 
 
 @njit(parallel=True, cache=True)
-def _mv_q8_0(x, data, out):  # x float32 [1, 4 or 8, cols], data uint8 [rows, nb*34] -> out float32 [B, rows]
-    xs = np.empty((x.shape[0], 1), np.float32)  # no direct terms
-    nb, step, rows = x.shape[1] // 32, _TILE // 32, data.shape[0]
-    if x.shape[0] == 1:
-        for r in prange(rows):
-            out[0, r] = _dot_q8_0_1(data[r], xs, x, 0, 0, nb)
-        return
-    out[:] = 0
-    for t in prange((rows + _ROWS - 1) // _ROWS):
-        for k0 in range(0, nb, step):
-            for r in range(t * _ROWS, min(rows, (t + 1) * _ROWS)):
-                if x.shape[0] == 4:
-                    _add(out, r, _dot_q8_0_4(data[r], xs, x, 0, k0, min(step, nb - k0)))
-                else:
-                    _add(out, r, _dot_q8_0_8(data[r], xs, x, 0, k0, min(step, nb - k0)))
-
-
-@njit(parallel=True, cache=True)
-def _mv_q4_k(x, data, out):  # x float32 [1, 4 or 8, cols], data uint8 [rows, nb*144] -> out float32 [B, rows]
+def _mv1_q4_k(x, data, out):  # x float32 [cols], data uint8 [rows, nb*144] -> out float32 [rows]
     xs = _sums32(x)
-    nb, step, rows = x.shape[1] // 256, _TILE // 256, data.shape[0]
-    if x.shape[0] == 1:
-        for r in prange(rows):
-            out[0, r] = _dot_q4_k_1(data[r], xs, x, 0, 0, nb)
-        return
-    out[:] = 0
-    for t in prange((rows + _ROWS - 1) // _ROWS):
-        for k0 in range(0, nb, step):
-            for r in range(t * _ROWS, min(rows, (t + 1) * _ROWS)):
-                if x.shape[0] == 4:
-                    _add(out, r, _dot_q4_k_4(data[r], xs, x, 0, k0, min(step, nb - k0)))
-                else:
-                    _add(out, r, _dot_q4_k_8(data[r], xs, x, 0, k0, min(step, nb - k0)))
+    for r in prange(data.shape[0]):
+        out[r] = _dot_q4_k(data[r], xs, x, x.shape[0] // 256)
 
 
 @njit(parallel=True, cache=True)
-def _mv_q6_k(x, data, out):  # x float32 [1, 4 or 8, cols], data uint8 [rows, nb*210] -> out float32 [B, rows]
-    xs = np.empty((x.shape[0], 1), np.float32)  # no direct terms
-    nb, step, rows = x.shape[1] // 256, _TILE // 256, data.shape[0]
-    if x.shape[0] == 1:
-        for r in prange(rows):
-            out[0, r] = _dot_q6_k_1(data[r], xs, x, 0, 0, nb)
-        return
-    out[:] = 0
-    for t in prange((rows + _ROWS - 1) // _ROWS):
-        for k0 in range(0, nb, step):
-            for r in range(t * _ROWS, min(rows, (t + 1) * _ROWS)):
-                if x.shape[0] == 4:
-                    _add(out, r, _dot_q6_k_4(data[r], xs, x, 0, k0, min(step, nb - k0)))
-                else:
-                    _add(out, r, _dot_q6_k_8(data[r], xs, x, 0, k0, min(step, nb - k0)))
+def _mv1_q6_k(x, data, out):  # x float32 [cols], data uint8 [rows, nb*210] -> out float32 [rows]
+    for r in prange(data.shape[0]):
+        out[r] = _dot_q6_k(data[r], x, x, x.shape[0] // 256)
 
 
-_MV1 = {"f32": _mv1_f32, "f16": _mv1_f16, "bf16": _mv1_bf16}
-_MVB = {"f32": _mvb_f32, "f16": _mvb_f16, "bf16": _mvb_bf16}
-_MVQ = {"q8_0": _mv_q8_0, "q4_k": _mv_q4_k, "q6_k": _mv_q6_k}
+# Several rows of x, one driver per stored type: xp float32 [nb*per/16, 4 or 8, 16] (packed x), xs float32
+# [nb, 4 or 8, per/32] (packed 32-column sums, q4_k only), data [rows, ...] stored, out float32 [<= 8, rows].
+
+@njit(parallel=True, cache=True)
+def _mvp_q8_0(xp, xs, data, nb, out):
+    for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
+        r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
+        if xp.shape[1] == 4:
+            _dots_q8_0_4(data, xp, xs, nb, r0, r1, out)
+        else:
+            _dots_q8_0_8(data, xp, xs, nb, r0, r1, out)
+
+
+@njit(parallel=True, cache=True)
+def _mvp_q4_k(xp, xs, data, nb, out):
+    for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
+        r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
+        if xp.shape[1] == 4:
+            _dots_q4_k_4(data, xp, xs, nb, r0, r1, out)
+        else:
+            _dots_q4_k_8(data, xp, xs, nb, r0, r1, out)
+
+
+@njit(parallel=True, cache=True)
+def _mvp_q6_k(xp, xs, data, nb, out):
+    for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
+        r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
+        if xp.shape[1] == 4:
+            _dots_q6_k_4(data, xp, xs, nb, r0, r1, out)
+        else:
+            _dots_q6_k_8(data, xp, xs, nb, r0, r1, out)
+
+
+@njit(parallel=True, cache=True)
+def _mvp_f32(xp, xs, data, nb, out):
+    for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
+        r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
+        if xp.shape[1] == 4:
+            _dots_f32_4(data, xp, xs, nb, r0, r1, out)
+        else:
+            _dots_f32_8(data, xp, xs, nb, r0, r1, out)
+
+
+@njit(parallel=True, cache=True)
+def _mvp_f16(xp, xs, data, nb, out):
+    for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
+        r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
+        if xp.shape[1] == 4:
+            _dots_f16_4(data, xp, xs, nb, r0, r1, out)
+        else:
+            _dots_f16_8(data, xp, xs, nb, r0, r1, out)
+
+
+@njit(parallel=True, cache=True)
+def _mvp_bf16(xp, xs, data, nb, out):
+    for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
+        r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
+        if xp.shape[1] == 4:
+            _dots_bf16_4(data, xp, xs, nb, r0, r1, out)
+        else:
+            _dots_bf16_8(data, xp, xs, nb, r0, r1, out)
+
+
+_MV1 = {"f32": _mv1_f32, "f16": _mv1_f16, "bf16": _mv1_bf16, "q8_0": _mv1_q8_0, "q4_k": _mv1_q4_k,
+        "q6_k": _mv1_q6_k}
+_MVP = {"f32": _mvp_f32, "f16": _mvp_f16, "bf16": _mvp_bf16, "q8_0": _mvp_q8_0, "q4_k": _mvp_q4_k,
+        "q6_k": _mvp_q6_k}
 _WIDEN = {"f32": _widen_f32, "f16": _widen_f16, "bf16": _widen_bf16, "q8_0": _widen_q8_0,
           "q4_k": _widen_q4_k, "q6_k": _widen_q6_k}
 
@@ -670,21 +762,40 @@ def matvec(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, ou
 
 
 def _product(x, data, dtype, out):  # x [n <= 8, cols] -> out [n, rows]
-    n = x.shape[0]
-    if n == 1 and dtype not in _MVQ:
+    n, cols = x.shape
+    if n == 1:
         _MV1[dtype](x[0], data, out[0])
         return
-    width = 1 if n == 1 else 4 if n <= 4 else 8  # the x heights the block kernels are built for
-    kernel = _MVQ.get(dtype) or _MVB[dtype]
-    # each weight vector meets every row of x: x rows split across cache lines cost ~1.6x in that loop
-    if width == n and (n == 1 or x.ctypes.data % 64 == 0 and x.strides[0] % 64 == 0):
-        kernel(x, data, out)
-        return
-    xp = _aligned_zeros(width, x.shape[1])
-    xp[:n] = x
-    op = np.empty((width, out.shape[1]), np.float32)
-    kernel(xp, data, op)
-    out[:] = op[:n]
+    per = QK[dtype][0] if dtype in QK else 32
+    nb = cols // per
+    xp = _packed(x, 4 if n <= 4 else 8, nb * per)
+    xs = _packed_sums(xp) if dtype == "q4_k" else xp  # only q4_k has direct terms
+    _MVP[dtype](xp, xs, data, nb, out)
+    if nb * per < cols:  # dense rows: the columns past the last whole block of 32
+        out += x[:, nb * per:] @ _dense_float(data[:, nb * per:], dtype).T
+
+
+def _packed(x: np.ndarray, nx: int, cols: int) -> np.ndarray:
+    """float32 [cols/16, nx, 16]: 16 columns of every row of x side by side (the first `cols` columns; rows
+    past x's are zeros), 64-byte aligned so no 16-column vector straddles cache lines."""
+    xp = _aligned_zeros(cols // 16 * nx, 16).reshape(cols // 16, nx, 16)
+    xp[:, :x.shape[0]] = x[:, :cols].reshape(x.shape[0], -1, 16).transpose(1, 0, 2)
+    return xp
+
+
+def _packed_sums(xp: np.ndarray) -> np.ndarray:
+    """float32 [cols/256, nx, 8]: the sums of each 32 columns of the packed x, per block of 256 columns."""
+    nx = xp.shape[1]
+    return np.ascontiguousarray(xp.reshape(-1, 8, 2, nx, 16).sum(axis=(2, 4)).transpose(0, 2, 1))
+
+
+def _dense_float(data: np.ndarray, dtype: str) -> np.ndarray:
+    """Dense stored values (f16 as uint16 bits) as float32, exactly."""
+    if dtype == "f16":
+        return data.view(np.float16).astype(np.float32)
+    if dtype == "bf16":
+        return (data.astype(np.uint32) << 16).view(np.float32)
+    return data
 
 
 def _aligned_zeros(n: int, cols: int) -> np.ndarray:
