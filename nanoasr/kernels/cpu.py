@@ -438,8 +438,8 @@ def _mac(builder, ptr, a, b):  # *ptr += a * b
 
 
 def _prefetch(builder, ptr):
-    """Ask for the cache line at ptr (i8*): the weight rows are too short a stream for the hardware prefetcher
-    to run far enough ahead while several rows of x keep each line busy for many cycles."""
+    """Ask for the cache line at ptr (i8*). With several rows of x each weight line keeps the core busy for
+    many cycles, and the hardware prefetcher does not run far enough ahead of such a slow stream."""
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
                                         "llvm.prefetch.p0i8")
     builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
@@ -524,7 +524,6 @@ def _lane_sums(builder, vs):
 
 _TILE = 4096  # columns per pass for several rows of x: nx rows of 512 float32 stay in L1 beside the weights
 _ROWS = 32  # weight rows per parallel task for several rows of x
-_AHEAD = 2048  # bytes of a weight row prefetched ahead of the block being read
 _PAIR = 2  # weight rows decoded together, so that each load of x feeds two FMAs
 
 
@@ -553,6 +552,7 @@ def _rowsdot(name, weights, block_bytes, block_elems, unroll, nx):
             dacc = [[cgutils.alloca_once(builder, ir.VectorType(_F32, 8)) for _ in range(nx)] for _ in range(_PAIR)]
             step = max(1, _TILE // block_elems)
             last = builder.sub(rows, i64(1))
+            ahead = builder.mul(stride, i64(2 * _PAIR))
             with cgutils.for_range(builder, builder.udiv(builder.add(nb, i64(step - 1)), i64(step))) as tile:
                 k0 = builder.mul(tile.index, i64(step))
                 left = builder.sub(nb, k0)
@@ -571,8 +571,9 @@ def _rowsdot(name, weights, block_bytes, block_elems, unroll, nx):
                         xb = builder.gep(xa.data, [builder.mul(index, i64(block_elems * nx))])
                         sb = builder.gep(sa.data, [builder.mul(index, i64(block_elems // 32 * nx))])
                         blks = [builder.gep(w, [builder.mul(index, i64(block_bytes))]) for w in wrows]
-                        for blk in blks:
-                            _prefetch(builder, builder.gep(blk, [i64(_AHEAD)]))
+                        for blk in blks:  # the same block of the next pair of rows
+                            for line in range(0, block_bytes, 64):
+                                _prefetch(builder, builder.gep(blk, [builder.add(ahead, i64(line))]))
                         decoded = [weights(builder, blk) for blk in blks]
                         for groups in zip(*(g for g, _ in decoded)):
                             for qs in zip(*(q for _, q in groups)):
