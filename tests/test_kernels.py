@@ -146,7 +146,7 @@ def test_importing_nanoasr_does_not_import_numba():
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_k", "q6_k"])
 @pytest.mark.parametrize("shift", [0, 1, 4])
 def test_matvec_any_alignment_of_x(dtype, shift):
-    """x whose rows start on a 64-byte boundary goes to the kernel as is; any other x is copied first."""
+    """x at any alignment (the several-rows kernels pack it into an aligned buffer)."""
     rng = np.random.default_rng(shift)
     rows, cols, batch = 40, 1536, 8  # 1536 columns: three column passes of the several-rows kernels
     data, w = stored(rng, dtype, rows, cols)
@@ -159,3 +159,18 @@ def test_matvec_any_alignment_of_x(dtype, shift):
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
     rel = np.linalg.norm(out - ref, axis=1) / np.linalg.norm(ref, axis=1)
     assert rel.max() < TOL, f"{dtype} shift {shift}: relative error {rel.max():.2e}"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("cols", [20, 100])
+def test_dense_rows_of_any_length(dtype, batch, cols):
+    """Dense rows need not be whole blocks of 32: the columns past the last block are added separately."""
+    rng = np.random.default_rng(cols + batch)
+    data, w = stored(rng, dtype, 37, cols)
+    x = rng.standard_normal((batch, cols)).astype(np.float32)
+    out = np.full((batch, 37), np.nan, np.float32)
+    cpu.matvec(x, data, dtype, 37, cols, out)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    rel = np.linalg.norm(out - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    assert rel.max() < TOL, f"{dtype} cols {cols} B={batch}: relative error {rel.max():.2e}"

@@ -652,11 +652,42 @@ def _mv1_q6_k(x, data, out):  # x float32 [cols], data uint8 [rows, nb*210] -> o
         out[r] = _dot_q6_k(data[r], x, x, x.shape[0] // 256)
 
 
-# Several rows of x, one driver per stored type: xp float32 [nb*per/16, 4 or 8, 16] (packed x), xs float32
-# [nb, 4 or 8, per/32] (packed 32-column sums, q4_k only), data [rows, ...] stored, out float32 [<= 8, rows].
+@njit(cache=True)
+def _packed(x, cols):  # x float32 [n <= 8, >= cols] -> float32 [cols/16, 4 or 8, 16]
+    """16 columns of every row of x side by side (rows past n are zeros), starting on a 64-byte boundary so
+    that no 16-column vector straddles cache lines."""
+    nx = 4 if x.shape[0] <= 4 else 8
+    buf = np.zeros(cols * nx + 16, np.float32)
+    start = (64 - buf.ctypes.data % 64) % 64 // 4
+    xp = buf[start:start + cols * nx].reshape(cols // 16, nx, 16)
+    for g in range(cols // 16):
+        for b in range(x.shape[0]):
+            for k in range(16):
+                xp[g, b, k] = x[b, 16 * g + k]
+    return xp
+
+
+@njit(fastmath=_REASSOC, cache=True)
+def _packed_sums(xp):  # xp float32 [16*nb, nx, 16] -> float32 [nb, nx, 8]: sums of each 32 columns
+    xs = np.empty((xp.shape[0] // 16, xp.shape[1], 8), np.float32)
+    for i in range(xs.shape[0]):
+        for b in range(xs.shape[1]):
+            for j in range(8):
+                g = 2 * (8 * i + j)
+                s = np.float32(0)
+                for k in range(16):
+                    s += xp[g, b, k] + xp[g + 1, b, k]
+                xs[i, b, j] = s
+    return xs
+
+
+# Several rows of x, one driver per stored type: x float32 [n <= 8, cols], data [rows, ...] stored (nb whole
+# blocks of per columns a row), out float32 [n, rows]. Only q4_k has direct terms; the others pass xp as xs.
 
 @njit(parallel=True, cache=True)
-def _mvp_q8_0(xp, xs, data, nb, out):
+def _mvp_q8_0(x, data, nb, out):
+    xp = _packed(x, nb * 32)
+    xs = xp
     for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
         r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
         if xp.shape[1] == 4:
@@ -666,7 +697,9 @@ def _mvp_q8_0(xp, xs, data, nb, out):
 
 
 @njit(parallel=True, cache=True)
-def _mvp_q4_k(xp, xs, data, nb, out):
+def _mvp_q4_k(x, data, nb, out):
+    xp = _packed(x, nb * 256)
+    xs = _packed_sums(xp)
     for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
         r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
         if xp.shape[1] == 4:
@@ -676,7 +709,9 @@ def _mvp_q4_k(xp, xs, data, nb, out):
 
 
 @njit(parallel=True, cache=True)
-def _mvp_q6_k(xp, xs, data, nb, out):
+def _mvp_q6_k(x, data, nb, out):
+    xp = _packed(x, nb * 256)
+    xs = xp
     for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
         r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
         if xp.shape[1] == 4:
@@ -686,7 +721,9 @@ def _mvp_q6_k(xp, xs, data, nb, out):
 
 
 @njit(parallel=True, cache=True)
-def _mvp_f32(xp, xs, data, nb, out):
+def _mvp_f32(x, data, nb, out):
+    xp = _packed(x, nb * 32)
+    xs = xp
     for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
         r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
         if xp.shape[1] == 4:
@@ -696,7 +733,9 @@ def _mvp_f32(xp, xs, data, nb, out):
 
 
 @njit(parallel=True, cache=True)
-def _mvp_f16(xp, xs, data, nb, out):
+def _mvp_f16(x, data, nb, out):
+    xp = _packed(x, nb * 32)
+    xs = xp
     for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
         r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
         if xp.shape[1] == 4:
@@ -706,7 +745,9 @@ def _mvp_f16(xp, xs, data, nb, out):
 
 
 @njit(parallel=True, cache=True)
-def _mvp_bf16(xp, xs, data, nb, out):
+def _mvp_bf16(x, data, nb, out):
+    xp = _packed(x, nb * 32)
+    xs = xp
     for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
         r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
         if xp.shape[1] == 4:
@@ -769,25 +810,9 @@ def _product(x, data, dtype, out):  # x [n <= 8, cols] -> out [n, rows]
         return
     per = QK[dtype][0] if dtype in QK else 32
     nb = cols // per
-    xp = _packed(x, 4 if n <= 4 else 8, nb * per)
-    xs = _packed_sums(xp) if dtype == "q4_k" else xp  # only q4_k has direct terms
-    _MVP[dtype](xp, xs, data, nb, out)
+    _MVP[dtype](x, data, nb, out)
     if nb * per < cols:  # dense rows: the columns past the last whole block of 32
         out += x[:, nb * per:] @ _dense_float(data[:, nb * per:], dtype).T
-
-
-def _packed(x: np.ndarray, nx: int, cols: int) -> np.ndarray:
-    """float32 [cols/16, nx, 16]: 16 columns of every row of x side by side (the first `cols` columns; rows
-    past x's are zeros), 64-byte aligned so no 16-column vector straddles cache lines."""
-    xp = _aligned_zeros(cols // 16 * nx, 16).reshape(cols // 16, nx, 16)
-    xp[:, :x.shape[0]] = x[:, :cols].reshape(x.shape[0], -1, 16).transpose(1, 0, 2)
-    return xp
-
-
-def _packed_sums(xp: np.ndarray) -> np.ndarray:
-    """float32 [cols/256, nx, 8]: the sums of each 32 columns of the packed x, per block of 256 columns."""
-    nx = xp.shape[1]
-    return np.ascontiguousarray(xp.reshape(-1, 8, 2, nx, 16).sum(axis=(2, 4)).transpose(0, 2, 1))
 
 
 def _dense_float(data: np.ndarray, dtype: str) -> np.ndarray:
@@ -797,13 +822,6 @@ def _dense_float(data: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bf16":
         return (data.astype(np.uint32) << 16).view(np.float32)
     return data
-
-
-def _aligned_zeros(n: int, cols: int) -> np.ndarray:
-    """float32 zeros [n, cols] starting on a 64-byte boundary."""
-    buf = np.zeros(n * cols + 16, np.float32)
-    start = (-buf.ctypes.data % 64) // 4
-    return buf[start:start + n * cols].reshape(n, cols)
 
 
 def widen(data: np.ndarray, dtype: str, rows: int, cols: int, out: np.ndarray) -> np.ndarray:
