@@ -373,15 +373,15 @@ def _w_q4_k(builder, blk):
     sc, mn = _scales_mins(builder, _vec_at(builder, blk, 4, _I8, 16))
     scf = builder.fmul(builder.uitofp(sc, v8), _lanes(builder, dm, [0] * 8))
     mnf = builder.fmul(builder.uitofp(mn, v8), _lanes(builder, dm, [1] * 8))
-    groups = []
-    for c in range(4):
-        wide = [builder.zext(_vec_at(builder, blk, 16 + 32 * c + 16 * k, _I8, 16), i32x16) for k in range(2)]
-        for h in range(2):
-            q = [builder.uitofp(builder.and_(builder.lshr(w, ir.Constant(i32x16, [4 * h] * 16)),
-                                             ir.Constant(i32x16, [15] * 16)), _V16) for w in wide]
-            off = 64 * c + 32 * h
-            groups.append((_lanes(builder, scf, [2 * c + h] * 16), [(q[0], off), (q[1], off + 16)]))
-    return groups, [(builder.fsub(ir.Constant(v8, None), mnf), 0)]
+    def groups():
+        for c in range(4):
+            wide = [builder.zext(_vec_at(builder, blk, 16 + 32 * c + 16 * k, _I8, 16), i32x16) for k in range(2)]
+            for h in range(2):
+                q = [builder.uitofp(builder.and_(builder.lshr(w, ir.Constant(i32x16, [4 * h] * 16)),
+                                                 ir.Constant(i32x16, [15] * 16)), _V16) for w in wide]
+                off = 64 * c + 32 * h
+                yield _lanes(builder, scf, [2 * c + h] * 16), [(q[0], off), (q[1], off + 16)]
+    return groups(), [(builder.fsub(ir.Constant(v8, None), mnf), 0)]
 
 
 def _w_q6_k(builder, blk):
@@ -390,18 +390,18 @@ def _w_q6_k(builder, blk):
     d = _halfs(builder, blk, 194)  # the 8 f16 ending the block: d is the last
     scales = builder.sitofp(_vec_at(builder, blk, 192, _I8, 16), _V16)
     scf = builder.fmul(scales, _lanes(builder, d, [7] * 16))
-    groups = []
-    for h in range(2):
-        qh = _vec_at(builder, blk, 128 + 32 * h, _I8, 32)
-        for g in range(4):
-            ql = _vec_at(builder, blk, 64 * h + 32 * (g & 1), _I8, 32)
-            lo = builder.and_(builder.lshr(ql, _i8const(4 * (g >> 1))), _i8const(15))
-            hi = builder.and_(builder.lshr(qh, _i8const(2 * g)), _i8const(3))
-            q = builder.sub(builder.or_(lo, builder.shl(hi, _i8const(4))), _i8const(32))
-            for k, qf in enumerate(_int_lanes(builder, q, True)):
-                i = 8 * h + 2 * g + k
-                groups.append((_lanes(builder, scf, [i] * 16), [(qf, 16 * i)]))
-    return groups, []
+    def groups():
+        for h in range(2):
+            qh = _vec_at(builder, blk, 128 + 32 * h, _I8, 32)
+            for g in range(4):
+                ql = _vec_at(builder, blk, 64 * h + 32 * (g & 1), _I8, 32)
+                lo = builder.and_(builder.lshr(ql, _i8const(4 * (g >> 1))), _i8const(15))
+                hi = builder.and_(builder.lshr(qh, _i8const(2 * g)), _i8const(3))
+                q = builder.sub(builder.or_(lo, builder.shl(hi, _i8const(4))), _i8const(32))
+                for k, qf in enumerate(_int_lanes(builder, q, True)):
+                    i = 8 * h + 2 * g + k
+                    yield _lanes(builder, scf, [i] * 16), [(qf, 16 * i)]
+    return groups(), []
 
 
 def _w_dense(load, size):
@@ -549,7 +549,6 @@ def _rowsdot(name, weights, block_bytes, block_elems, unroll, nx):
             with cgutils.for_range(builder, rows) as row:
                 builder.store(ir.Constant(vec, None), builder.gep(sums, [row.index]))
             acc = [[cgutils.alloca_once(builder, _V16) for _ in range(nx)] for _ in range(_PAIR)]
-            dacc = [[cgutils.alloca_once(builder, ir.VectorType(_F32, 8)) for _ in range(nx)] for _ in range(_PAIR)]
             step = max(1, _TILE // block_elems)
             last = builder.sub(rows, i64(1))
             ahead = builder.mul(stride, i64(2 * _PAIR))
@@ -563,13 +562,13 @@ def _rowsdot(name, weights, block_bytes, block_elems, unroll, nx):
                     idx = [first] + [builder.select(builder.icmp_unsigned("<", builder.add(first, i64(j)), rows),
                                                     builder.add(first, i64(j)), last) for j in range(1, _PAIR)]
                     wrows = [builder.gep(base, [builder.mul(builder.add(r0, i), stride)]) for i in idx]
-                    for a in sum(acc + dacc, []):
+                    for a in sum(acc, []):
                         builder.store(ir.Constant(a.type.pointee, None), a)
 
                     def block(index, slot):
                         index = builder.add(index, k0)
                         xb = builder.gep(xa.data, [builder.mul(index, i64(block_elems * nx))])
-                        sb = builder.gep(sa.data, [builder.mul(index, i64(block_elems // 32 * nx))])
+                        sb = builder.gep(sa.data, [builder.mul(index, i64(16 * nx))])
                         blks = [builder.gep(w, [builder.mul(index, i64(block_bytes))]) for w in wrows]
                         for blk in blks:  # the same block of the next pair of rows
                             for line in range(0, block_bytes, 64):
@@ -582,21 +581,18 @@ def _rowsdot(name, weights, block_bytes, block_elems, unroll, nx):
                                     xv = _vec_at(builder, xb, qs[0][1] * nx + 16 * b, _F32, 16)
                                     for j, w in enumerate(ws):
                                         _mac(builder, acc[j][b], w, xv)
-                        for direct in zip(*(d for _, d in decoded)):
-                            n = direct[0][0].type.count
+                        for direct in zip(*(d for _, d in decoded)):  # 8 lanes, widened
                             for b in range(nx):
-                                sv = _vec_at(builder, sb, direct[0][1] * nx + n * b, _F32, n)
+                                sv = _vec_at(builder, sb, 16 * b, _F32, 16)
                                 for j, (w, _) in enumerate(direct):
-                                    _mac(builder, dacc[j][b], w, sv)
+                                    _mac(builder, acc[j][b], _widen16(builder, w), sv)
                         return slot
 
                     _block_loop(builder, kn, unroll, block)
                     for j, i in enumerate(idx):  # a repeated row is added once
                         at = builder.gep(sums, [i])
                         old = builder.load(at)
-                        new = builder.fadd(old, _lane_sums(builder, [
-                            builder.fadd(builder.load(a), _widen16(builder, builder.load(d)))
-                            for a, d in zip(acc[j], dacc[j])]))
+                        new = builder.fadd(old, _lane_sums(builder, [builder.load(a) for a in acc[j]]))
                         builder.store(new if j == 0 else builder.select(builder.icmp_unsigned("==", i, idx[j - 1]),
                                                                         old, new), at)
             with cgutils.for_range(builder, rows) as row:
@@ -668,8 +664,8 @@ def _packed(x, cols):  # x float32 [n <= 8, >= cols] -> float32 [cols/16, 4 or 8
 
 
 @njit(fastmath=_REASSOC, cache=True)
-def _packed_sums(xp):  # xp float32 [16*nb, nx, 16] -> float32 [nb, nx, 8]: sums of each 32 columns
-    xs = np.empty((xp.shape[0] // 16, xp.shape[1], 8), np.float32)
+def _packed_sums(xp):  # xp float32 [16*nb, nx, 16] -> float32 [nb, nx, 16]: sums of each 32 columns, 8 zeros
+    xs = np.zeros((xp.shape[0] // 16, xp.shape[1], 16), np.float32)
     for i in range(xs.shape[0]):
         for b in range(xs.shape[1]):
             for j in range(8):
