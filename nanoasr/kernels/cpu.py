@@ -6,10 +6,20 @@ low nibbles, 64 bytes of high 2-bit pairs, 16 int8 scales, f16 d).
 
 Numba leaves LLVM's SLP vectoriser off, and its loop vectoriser unrolls the 32-element loop inside a block and
 then vectorises across blocks with byte inserts and gathers (4-8 GB/s measured), so block work is written as
-explicit LLVM vector code: `_put_*` decode 32 elements and store them (widening), and `_rowdot` builds, per
-block type and x height (1, 4, 8), a loop over a row's blocks that keeps 32-lane partial sums per x row in
-registers. Dense rows use flat loops, which the loop vectoriser handles. Importing this module compiles
-nothing; each kernel compiles on its first call and is cached on disk (cache=True).
+explicit LLVM vector code: `_put_*` decode 32 elements and store them (widening); `_rowdot` builds, per block
+type, a loop over a row's blocks for one row of x that keeps 16-lane partial sums in registers; `_rowsdot`
+builds the same for 2-8 rows of x (batched decoding), over every stored type. Dense rows of one x row use flat
+loops, which the loop vectoriser handles.
+
+Several rows of x: x is first packed as [cols/16, 4 or 8, 16] (16 columns of every row side by side, rows past
+B zero, 64-byte aligned), so the columns that meet one 16-lane weight vector are 4 or 8 consecutive vectors.
+Each weight vector is decoded once into a register and multiplied into all rows (one accumulator per x row);
+two weight rows are decoded together, so each load of x feeds two FMAs; the 8 partial-sum vectors of a row are
+reduced together once per row (`_lane_sums`). Weight lines of the next-but-one row pair are prefetched, since
+at several rows of x each line keeps the core busy too long for the hardware prefetcher to run ahead.
+
+Importing this module compiles nothing; each kernel compiles on its first call and is cached on disk
+(cache=True).
 """
 from __future__ import annotations
 
@@ -301,10 +311,11 @@ def _mv1_bf16(x, data, out):
 
 # ---- block types: one pass over the stored row, per-lane sums in registers (LLVM vector code) ----
 #
-# A block decoder returns groups (s, [(q, off), ...]): 16-lane float vectors q of quant values that share
-# the 16-lane scale vector s and meet x at element offset `off` of the block, plus `direct` terms (w, off)
-# met with the 32-column sums of x (Q4_K's mins). One row of x sums q*x over a group and multiplies by s
-# once; several rows of x widen each weight vector q*s once and multiply it into every row.
+# A block decoder returns groups (s, [(q, off), ...]): 16-lane float vectors q of values that share the
+# 16-lane scale vector s (None: unscaled, the dense types) and meet x at element offset `off` of the block,
+# plus `direct` terms (w, off): 8-lane vectors met with the 32-column sums of x (Q4_K's mins). One row of x
+# sums q*x over a group and multiplies by s once; several rows of x widen each weight vector q*s once and
+# multiply it into every row. Groups may come as a generator, so two rows' decoding interleaves with the FMAs.
 
 _V16 = ir.VectorType(_F32, 16)
 
@@ -375,7 +386,8 @@ def _w_q4_k(builder, blk):
     mnf = builder.fmul(builder.uitofp(mn, v8), _lanes(builder, dm, [1] * 8))
     def groups():
         for c in range(4):
-            wide = [builder.zext(_vec_at(builder, blk, 16 + 32 * c + 16 * k, _I8, 16), i32x16) for k in range(2)]
+            wide = [builder.zext(_vec_at(builder, blk, 16 + 32 * c + 16 * k, _I8, 16), i32x16)
+                    for k in range(2)]
             for h in range(2):
                 q = [builder.uitofp(builder.and_(builder.lshr(w, ir.Constant(i32x16, [4 * h] * 16)),
                                                  ir.Constant(i32x16, [15] * 16)), _V16) for w in wide]
@@ -429,7 +441,8 @@ def _bf16x16(builder, blk, off):
 def _fma(builder, a, b, c):
     """a * b + c, one rounding, for float vectors."""
     ty = a.type
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), f"llvm.fma.v{ty.count}f32")
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3),
+                                        f"llvm.fma.v{ty.count}f32")
     return builder.call(fn, [a, b, c])
 
 
@@ -440,8 +453,8 @@ def _mac(builder, ptr, a, b):  # *ptr += a * b
 def _prefetch(builder, ptr):
     """Ask for the cache line at ptr (i8*). With several rows of x each weight line keeps the core busy for
     many cycles, and the hardware prefetcher does not run far enough ahead of such a slow stream."""
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
-                                        "llvm.prefetch.p0i8")
+    fnty = ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
     builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
 
 
@@ -459,13 +472,14 @@ def _block_loop(builder, nb, unroll, block):
 
 def _widen16(builder, v):
     """<8 x float> as <16 x float>, zeros above."""
-    return builder.shuffle_vector(v, ir.Constant(v.type, None), ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+    return _pick(builder, v, ir.Constant(v.type, None), list(range(16)))
 
 
 def _rowdot(name, weights, block_bytes, block_elems, unroll):
     """Intrinsic (row, xs, x, nb) -> the dot product of the first nb blocks of one stored row with x (float32
-    [cols]); xs holds x's 32-column sums for the direct terms. Each group's q*x is summed, then scaled once; the
-    block loop is unrolled `unroll` times and sums rotate over 4 accumulators, so no FMA chain sets the pace."""
+    [cols]); xs holds x's 32-column sums for the direct terms. Each group's q*x is summed, then scaled once;
+    the block loop is unrolled `unroll` times and sums rotate over 4 accumulators, so no FMA chain sets the
+    pace."""
     slots = 4
 
     def rowdot(typingctx, row, xs, x, nb):
@@ -511,7 +525,8 @@ def _lane_sums(builder, vs):
         lo = [s * seg + j for s in range(16 // seg) for j in range(half)]
         lo += [16 + i for i in lo]
         hi = [i + half for i in lo]
-        vs = [builder.fadd(_pick(builder, a, b, lo), _pick(builder, a, b, hi)) for a, b in zip(vs[::2], vs[1::2])]
+        vs = [builder.fadd(_pick(builder, a, b, lo), _pick(builder, a, b, hi))
+              for a, b in zip(vs[::2], vs[1::2])]
         seg = half
     v, width = vs[0], 16
     while seg > 1:
@@ -522,7 +537,7 @@ def _lane_sums(builder, vs):
     return v
 
 
-_TILE = 4096  # columns per pass for several rows of x: nx rows of 512 float32 stay in L1 beside the weights
+_TILE = 4096  # columns per pass for several rows of x: whole rows at these models' widths measured fastest
 _ROWS = 32  # weight rows per parallel task for several rows of x
 _PAIR = 2  # weight rows decoded together, so that each load of x feeds two FMAs
 
@@ -530,10 +545,10 @@ _PAIR = 2  # weight rows decoded together, so that each load of x feeds two FMAs
 def _rowsdot(name, weights, block_bytes, block_elems, unroll, nx):
     """Intrinsic (data, xp, xs, nb, r0, r1, out): out[:, r0:r1] = x @ W[r0:r1].T over the first nb blocks of
     each row, r1 - r0 <= _ROWS, for x packed as xp [nb*block_elems/16, nx, 16] (16 columns of every row of x
-    side by side; xs: the 32-column sums packed [nb, nx, block_elems/32], for the direct terms); rows of x
-    past out.shape[0] are padding, not written. Columns go in tiles of _TILE and the rows inside a tile, so the
-    tile of x stays in L1: each weight vector is decoded once into a register and met with the same 16
-    columns of all nx rows (nx accumulators); per row and tile the nx sums are reduced together."""
+    side by side; xs: its 32-column sums packed [nb, nx, 16], 8 sums and 8 zeros, for the direct terms); rows
+    of x past out.shape[0] are padding, not written. Each weight vector is decoded once into a register and
+    met with the same 16 columns of all nx rows (nx accumulators), for two weight rows at once; per row and
+    pass over the columns (_TILE of them) the nx sums are reduced together."""
     def rowsdot(typingctx, data, xp, xs, nb, r0, r1, out):
         def codegen(context, builder, sig, args):
             i64 = lambda v: ir.Constant(ir.IntType(64), v)  # noqa: E731
@@ -556,11 +571,13 @@ def _rowsdot(name, weights, block_bytes, block_elems, unroll, nx):
                 k0 = builder.mul(tile.index, i64(step))
                 left = builder.sub(nb, k0)
                 kn = builder.select(builder.icmp_unsigned("<", left, i64(step)), left, i64(step))
-                with cgutils.for_range(builder, builder.udiv(builder.add(rows, i64(_PAIR - 1)), i64(_PAIR))) as pair:
+                pairs = builder.udiv(builder.add(rows, i64(_PAIR - 1)), i64(_PAIR))
+                with cgutils.for_range(builder, pairs) as pair:
                     # rows i, i+1 (the last row twice when the count is odd)
                     first = builder.mul(pair.index, i64(_PAIR))
-                    idx = [first] + [builder.select(builder.icmp_unsigned("<", builder.add(first, i64(j)), rows),
-                                                    builder.add(first, i64(j)), last) for j in range(1, _PAIR)]
+                    nxt = [builder.add(first, i64(j)) for j in range(1, _PAIR)]
+                    idx = [first] + [builder.select(builder.icmp_unsigned("<", i, rows), i, last)
+                                     for i in nxt]
                     wrows = [builder.gep(base, [builder.mul(builder.add(r0, i), stride)]) for i in idx]
                     for a in sum(acc, []):
                         builder.store(ir.Constant(a.type.pointee, None), a)
@@ -576,7 +593,8 @@ def _rowsdot(name, weights, block_bytes, block_elems, unroll, nx):
                         decoded = [weights(builder, blk) for blk in blks]
                         for groups in zip(*(g for g, _ in decoded)):
                             for qs in zip(*(q for _, q in groups)):
-                                ws = [q if s is None else builder.fmul(q, s) for (q, _), (s, _) in zip(qs, groups)]
+                                ws = [q if s is None else builder.fmul(q, s)
+                                      for (q, _), (s, _) in zip(qs, groups)]
                                 for b in range(nx):
                                     xv = _vec_at(builder, xb, qs[0][1] * nx + 16 * b, _F32, 16)
                                     for j, w in enumerate(ws):
@@ -593,8 +611,9 @@ def _rowsdot(name, weights, block_bytes, block_elems, unroll, nx):
                         at = builder.gep(sums, [i])
                         old = builder.load(at)
                         new = builder.fadd(old, _lane_sums(builder, [builder.load(a) for a in acc[j]]))
-                        builder.store(new if j == 0 else builder.select(builder.icmp_unsigned("==", i, idx[j - 1]),
-                                                                        old, new), at)
+                        if j:
+                            new = builder.select(builder.icmp_unsigned("==", i, idx[j - 1]), old, new)
+                        builder.store(new, at)
             with cgutils.for_range(builder, rows) as row:
                 v = builder.load(builder.gep(sums, [row.index]))
                 r = builder.add(r0, row.index)
@@ -614,8 +633,10 @@ _BLOCKS = {  # type: (decoder, bytes and elements per block, block loop unrollin
     "bf16": (_w_dense(_bf16x16, 2), 64, 32, 2)}
 _dot_q8_0, _dot_q4_k, _dot_q6_k = (_rowdot(f"_dot_{t}", *_BLOCKS[t]) for t in ("q8_0", "q4_k", "q6_k"))
 _DOTS = {(t, nx): _rowsdot(f"_dots_{t}_{nx}", *_BLOCKS[t], nx) for t in _BLOCKS for nx in (4, 8)}
-_dots_q8_0_4, _dots_q4_k_4, _dots_q6_k_4, _dots_f32_4, _dots_f16_4, _dots_bf16_4 = (_DOTS[t, 4] for t in _BLOCKS)
-_dots_q8_0_8, _dots_q4_k_8, _dots_q6_k_8, _dots_f32_8, _dots_f16_8, _dots_bf16_8 = (_DOTS[t, 8] for t in _BLOCKS)
+_dots_q8_0_4, _dots_q4_k_4, _dots_q6_k_4, _dots_f32_4, _dots_f16_4, _dots_bf16_4 = (_DOTS[t, 4]
+                                                                                    for t in _BLOCKS)
+_dots_q8_0_8, _dots_q4_k_8, _dots_q6_k_8, _dots_f32_8, _dots_f16_8, _dots_bf16_8 = (_DOTS[t, 8]
+                                                                                    for t in _BLOCKS)
 
 
 @njit(fastmath=_REASSOC, cache=True)
