@@ -587,7 +587,7 @@ def _rowsdot(name, weights, block_bytes, block_elems, unroll, nx):
                         xb = builder.gep(xa.data, [builder.mul(index, i64(block_elems * nx))])
                         sb = builder.gep(sa.data, [builder.mul(index, i64(16 * nx))])
                         blks = [builder.gep(w, [builder.mul(index, i64(block_bytes))]) for w in wrows]
-                        for blk in blks:  # the same block of the next pair of rows
+                        for blk in blks:  # the same block two row pairs on
                             for line in range(0, block_bytes, 64):
                                 _prefetch(builder, builder.gep(blk, [builder.add(ahead, i64(line))]))
                         decoded = [weights(builder, blk) for blk in blks]
