@@ -227,40 +227,43 @@ def _row_q6_k(row, w):  # row uint8 [nb*210] -> w float32 [nb*256]
 
 
 # ---- widen: every row into the caller's float32 buffer ----
+# Serial on purpose: widening feeds a BLAS GEMM right after, and a numba parallel region between GEMMs leaves
+# its threads spinning on the cores BLAS needs (measured: the encoder took 4x as long). One thread widens a
+# layer's matrix in well under a millisecond.
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _widen_f16(data, out):
-    for r in prange(data.shape[0]):
+    for r in range(data.shape[0]):
         _row_f16(data[r], out[r])
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _widen_bf16(data, out):
-    for r in prange(data.shape[0]):
+    for r in range(data.shape[0]):
         _row_bf16(data[r], out[r])
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _widen_q8_0(data, out):
-    for r in prange(data.shape[0]):
+    for r in range(data.shape[0]):
         _row_q8_0(data[r], out[r])
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _widen_q4_k(data, out):
-    for r in prange(data.shape[0]):
+    for r in range(data.shape[0]):
         _row_q4_k(data[r], out[r])
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _widen_q6_k(data, out):
-    for r in prange(data.shape[0]):
+    for r in range(data.shape[0]):
         _row_q6_k(data[r], out[r])
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _widen_f32(data, out):
-    for r in prange(data.shape[0]):
+    for r in range(data.shape[0]):
         for c in range(data.shape[1]):
             out[r, c] = data[r, c]
 
