@@ -6,7 +6,7 @@ FunAsrNanoForConditionalGeneration; nothing in it comes from nanoasr.
 import numpy as np
 import pytest
 
-from engine_parity import cases, check_case, full_sequence_logits, stage_outputs
+from engine_parity import cases, check_case, full_sequence_logits, stage_outputs, teacher_forced_logits
 from nanoasr.model import generate
 from tools.reference.dump import CASES, FORCED_TOKENS
 
@@ -26,8 +26,6 @@ def test_stages_logits_and_greedy_ids_match_transformers(tiny_model, reference, 
 def test_kv_cache_steps_equal_full_sequence_logits(tiny_model):
     ref = cases(REFS, "funasr")["hotwords"]
     ours = stage_outputs(tiny_model, ref["wave"], "funasr", PROMPTS["hotwords"])
-    from engine_parity import teacher_forced_logits
-
     forced = ref["greedy_ids"][:12]
     stepped = teacher_forced_logits(tiny_model, ours["embeds"], forced, len(forced) + 1)
     full = full_sequence_logits(tiny_model, ours["embeds"], forced)
@@ -50,7 +48,7 @@ def test_padded_batch_equals_one_at_a_time(tiny_model):
 
 def test_batched_generation_equals_sequential(tiny_model):
     embeds, budgets = [], []
-    for name, (seconds, options) in zip(PROMPTS, [(c[1], c[3]) for c in CASES]):
+    for name, options in PROMPTS.items():
         ref = cases(REFS, "funasr")[name]
         embeds.append(stage_outputs(tiny_model, ref["wave"], "funasr", options)["embeds"])
         budgets.append(20 + 7 * len(budgets))  # different budgets: rows finish at different steps

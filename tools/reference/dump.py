@@ -12,6 +12,7 @@ comes from the Transformers modules. The two profiles of DESIGN §2:
 from __future__ import annotations
 
 import argparse
+import os
 
 import numpy as np
 
@@ -83,8 +84,7 @@ def load_model(path, reference: str):
 def load_tokenizer(path):
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json") if hasattr(path, "joinpath")
-                                   else f"{path}/tokenizer.json")
+    return PreTrainedTokenizerFast(tokenizer_file=os.path.join(path, "tokenizer.json"))
 
 
 def logit_columns(vocab: int, seed: int = 1234) -> np.ndarray:
