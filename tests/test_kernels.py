@@ -63,6 +63,20 @@ def test_matvec_matches_dequantized_matmul(dtype, rows, cols, batch):
     assert rel.max() < TOL, f"{dtype} {rows}x{cols} B={batch}: relative error {rel.max():.2e}"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_row_of_x_gets_the_same_bits_in_any_batch(dtype):
+    """Batched decoding must pick the tokens decoding alone picks: a row's products may not depend on its
+    neighbours or on the batch size."""
+    rng = np.random.default_rng(7)
+    rows, cols = 256, 768
+    data, _ = stored(rng, dtype, rows, cols)
+    x = rng.standard_normal((8, cols)).astype(np.float32)
+    alone = cpu.matvec(x[:1], data, dtype, rows, cols, np.empty((1, rows), np.float32))
+    for batch in (2, 4, 5, 8):
+        together = cpu.matvec(x[:batch], data, dtype, rows, cols, np.empty((batch, rows), np.float32))
+        np.testing.assert_array_equal(together[0].view(np.uint32), alone[0].view(np.uint32))
+
+
 def test_q8_0_from_quantized_floats():
     rng = np.random.default_rng(7)
     w = rng.standard_normal((64, 1024)).astype(np.float32)

@@ -6,17 +6,17 @@ low nibbles, 64 bytes of high 2-bit pairs, 16 int8 scales, f16 d).
 
 Numba leaves LLVM's SLP vectoriser off, and its loop vectoriser unrolls the 32-element loop inside a block and
 then vectorises across blocks with byte inserts and gathers (4-8 GB/s measured), so block work is written as
-explicit LLVM vector code: `_put_*` decode 32 elements and store them (widening); `_rowdot` builds, per block
-type, a loop over a row's blocks for one row of x that keeps 16-lane partial sums in registers; `_rowsdot`
-builds the same for 2-8 rows of x (batched decoding), over every stored type. Dense rows of one x row use flat
-loops, which the loop vectoriser handles.
+explicit LLVM vector code: `_put_*` decode 32 elements and store them (widening); `_rowsdot` builds, per
+block type and for 1, 4 or 8 rows of x, a loop over weight rows that keeps 16-lane partial sums in registers.
 
-Several rows of x: x is first packed as [cols/16, 4 or 8, 16] (16 columns of every row side by side, rows past
-B zero, 64-byte aligned), so the columns that meet one 16-lane weight vector are 4 or 8 consecutive vectors.
+x is first packed as [cols/16, 1, 4 or 8, 16] (16 columns of every row side by side, rows past B zero,
+64-byte aligned), so the columns that meet one 16-lane weight vector are 1, 4 or 8 consecutive vectors.
 Each weight vector is decoded once into a register and multiplied into all rows (one accumulator per x row);
-two weight rows are decoded together, so each load of x feeds two FMAs; the 8 partial-sum vectors of a row are
-reduced together once per row (`_lane_sums`). Weight lines of the next-but-one row pair are prefetched, since
-at several rows of x each line keeps the core busy too long for the hardware prefetcher to run ahead.
+two weight rows are decoded together, so each load of x feeds two FMAs and two weight streams are in flight;
+the partial-sum vectors of a row are reduced together once per row (`_lane_sums`). Weight lines of the
+next-but-one row pair are prefetched: the hardware prefetcher alone does not run far enough ahead. A row of x gets
+the same arithmetic in the same order whatever rows share its batch, so batched decoding picks the same tokens
+as decoding alone.
 
 Importing this module compiles nothing; each kernel compiles on its first call and is cached on disk
 (cache=True).
@@ -64,16 +64,6 @@ def _halves(builder, lo, hi, n):
     """<2n x float> whose first n lanes are `lo` and last n lanes are `hi`."""
     return builder.shuffle_vector(_splat(builder, lo, _F32, n), _splat(builder, hi, _F32, n),
                                   ir.Constant(ir.VectorType(_I32, 2 * n), [0] * n + [n] * n))
-
-
-def _hsum(builder, v, n):
-    """Pairwise sum of the n lanes of v."""
-    while n > 1:
-        n //= 2
-        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
-        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
-        v = builder.fadd(lo, hi)
-    return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
 def _bytes(context, builder, sig, args, i, n):
@@ -268,50 +258,6 @@ def _widen_f32(data, out):
             out[r, c] = data[r, c]
 
 
-# ---- one row of x: the stored row is read once, block by block ----
-
-@njit(fastmath=_REASSOC, cache=True)
-def _dot(w, x):  # w, x float32 [cols] -> float32
-    acc = np.float32(0)
-    for c in range(w.shape[0]):
-        acc += w[c] * x[c]
-    return acc
-
-
-@njit(fastmath=_REASSOC, cache=True)
-def _dot_f16(row, x):  # row uint16 [cols], x float32 [cols]
-    acc = np.float32(0)
-    for c in range(row.shape[0]):
-        acc += _h2f(row[c]) * x[c]
-    return acc
-
-
-@njit(fastmath=_REASSOC, cache=True)
-def _dot_bf16(row, x):  # row uint16 [cols], x float32 [cols]
-    acc = np.float32(0)
-    for c in range(row.shape[0]):
-        acc += _bf2f(row[c]) * x[c]
-    return acc
-
-
-@njit(parallel=True, cache=True)
-def _mv1_f32(x, data, out):  # x [cols], data [rows, cols] -> out [rows]
-    for r in prange(data.shape[0]):
-        out[r] = _dot(data[r], x)
-
-
-@njit(parallel=True, cache=True)
-def _mv1_f16(x, data, out):
-    for r in prange(data.shape[0]):
-        out[r] = _dot_f16(data[r], x)
-
-
-@njit(parallel=True, cache=True)
-def _mv1_bf16(x, data, out):
-    for r in prange(data.shape[0]):
-        out[r] = _dot_bf16(data[r], x)
-
-
 # ---- block types: one pass over the stored row, per-lane sums in registers (LLVM vector code) ----
 #
 # A block decoder returns groups (s, [(q, off), ...]): 16-lane float vectors q of values that share the
@@ -478,47 +424,6 @@ def _widen16(builder, v):
     return _pick(builder, v, ir.Constant(v.type, None), list(range(16)))
 
 
-def _rowdot(name, weights, block_bytes, block_elems, unroll):
-    """Intrinsic (row, xs, x, nb) -> the dot product of the first nb blocks of one stored row with x (float32
-    [cols]); xs holds x's 32-column sums for the direct terms. Each group's q*x is summed, then scaled once;
-    the block loop is unrolled `unroll` times and sums rotate over 4 accumulators, so no FMA chain sets the
-    pace."""
-    slots = 4
-
-    def rowdot(typingctx, row, xs, x, nb):
-        def codegen(context, builder, sig, args):
-            i64 = lambda v: ir.Constant(ir.IntType(64), v)  # noqa: E731
-            rowp = context.make_array(sig.args[0])(context, builder, args[0]).data
-            srow = context.make_array(sig.args[1])(context, builder, args[1]).data
-            xrow = context.make_array(sig.args[2])(context, builder, args[2]).data
-            acc = [cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in range(slots)]
-            dacc = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(_F32, 8), None))
-
-            def block(index, slot):
-                blk = builder.gep(rowp, [builder.mul(index, i64(block_bytes))])
-                xb = builder.gep(xrow, [builder.mul(index, i64(block_elems))])
-                sb = builder.gep(srow, [builder.mul(index, i64(block_elems // 32))])
-                groups, direct = weights(builder, blk)
-                for s, qs in groups:
-                    p = builder.fmul(qs[0][0], _vec_at(builder, xb, qs[0][1], _F32, 16))
-                    for q, off in qs[1:]:
-                        p = _fma(builder, q, _vec_at(builder, xb, off, _F32, 16), p)
-                    _mac(builder, acc[slot], p, s)
-                    slot = (slot + 1) % slots
-                for w, off in direct:
-                    _mac(builder, dacc, w, _vec_at(builder, sb, off, _F32, 8))
-                return slot
-
-            _block_loop(builder, args[3], unroll, block)
-            total = _widen16(builder, builder.load(dacc))
-            for a in acc:
-                total = builder.fadd(total, builder.load(a))
-            return _hsum(builder, total, 16)
-        return types.float32(row, xs, x, nb), codegen
-    rowdot.__name__ = rowdot.__qualname__ = name
-    return intrinsic(rowdot)
-
-
 def _lane_sums(builder, vs):
     """<len(vs) x float> of the lane sums of the 16-lane vectors vs (a power of two of them, at most 16):
     pairs are folded into vectors of half-length segments until one is left, then its segments summed."""
@@ -634,49 +539,20 @@ _BLOCKS = {  # type: (decoder, bytes and elements per block, block loop unrollin
     "q8_0": (_w_q8_0, 34, 32, 4), "q4_k": (_w_q4_k, 144, 256, 1), "q6_k": (_w_q6_k, 210, 256, 1),
     "f32": (_w_dense(_f32x16, 4), 128, 32, 2), "f16": (_w_dense(_f16x16, 2), 64, 32, 2),
     "bf16": (_w_dense(_bf16x16, 2), 64, 32, 2)}
-_dot_q8_0, _dot_q4_k, _dot_q6_k = (_rowdot(f"_dot_{t}", *_BLOCKS[t]) for t in ("q8_0", "q4_k", "q6_k"))
-_DOTS = {(t, nx): _rowsdot(f"_dots_{t}_{nx}", *_BLOCKS[t], nx) for t in _BLOCKS for nx in (4, 8)}
+_DOTS = {(t, nx): _rowsdot(f"_dots_{t}_{nx}", *_BLOCKS[t], nx) for t in _BLOCKS for nx in (1, 4, 8)}
+_dots_q8_0_1, _dots_q4_k_1, _dots_q6_k_1, _dots_f32_1, _dots_f16_1, _dots_bf16_1 = (_DOTS[t, 1]
+                                                                                    for t in _BLOCKS)
 _dots_q8_0_4, _dots_q4_k_4, _dots_q6_k_4, _dots_f32_4, _dots_f16_4, _dots_bf16_4 = (_DOTS[t, 4]
                                                                                     for t in _BLOCKS)
 _dots_q8_0_8, _dots_q4_k_8, _dots_q6_k_8, _dots_f32_8, _dots_f16_8, _dots_bf16_8 = (_DOTS[t, 8]
                                                                                     for t in _BLOCKS)
 
 
-@njit(fastmath=_REASSOC, cache=True)
-def _sums32(x):  # x float32 [cols] -> float32 [cols // 32]: sums of x over each 32 columns
-    out = np.empty(x.shape[0] // 32, np.float32)
-    for g in range(out.shape[0]):
-        s = np.float32(0)
-        for k in range(32):
-            s += x[32 * g + k]
-        out[g] = s
-    return out
-
-
-@njit(parallel=True, cache=True)
-def _mv1_q8_0(x, data, out):  # x float32 [cols], data uint8 [rows, nb*34] -> out float32 [rows]
-    for r in prange(data.shape[0]):
-        out[r] = _dot_q8_0(data[r], x, x, x.shape[0] // 32)  # no direct terms: xs unused
-
-
-@njit(parallel=True, cache=True)
-def _mv1_q4_k(x, data, out):  # x float32 [cols], data uint8 [rows, nb*144] -> out float32 [rows]
-    xs = _sums32(x)
-    for r in prange(data.shape[0]):
-        out[r] = _dot_q4_k(data[r], xs, x, x.shape[0] // 256)
-
-
-@njit(parallel=True, cache=True)
-def _mv1_q6_k(x, data, out):  # x float32 [cols], data uint8 [rows, nb*210] -> out float32 [rows]
-    for r in prange(data.shape[0]):
-        out[r] = _dot_q6_k(data[r], x, x, x.shape[0] // 256)
-
-
 @njit(cache=True)
-def _packed(x, cols):  # x float32 [n <= 8, >= cols] -> float32 [cols/16, 4 or 8, 16]
+def _packed(x, cols):  # x float32 [n <= 8, >= cols] -> float32 [cols/16, 1, 4 or 8, 16]
     """16 columns of every row of x side by side (rows past n are zeros), starting on a 64-byte boundary so
     that no 16-column vector straddles cache lines."""
-    nx = 4 if x.shape[0] <= 4 else 8
+    nx = 1 if x.shape[0] == 1 else 4 if x.shape[0] <= 4 else 8
     buf = np.zeros(cols * nx + 16, np.float32)
     start = (64 - buf.ctypes.data % 64) % 64 // 4
     xp = buf[start:start + cols * nx].reshape(cols // 16, nx, 16)
@@ -710,7 +586,9 @@ def _mvp_q8_0(x, data, nb, out):
     xs = xp
     for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
         r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
-        if xp.shape[1] == 4:
+        if xp.shape[1] == 1:
+            _dots_q8_0_1(data, xp, xs, nb, r0, r1, out)
+        elif xp.shape[1] == 4:
             _dots_q8_0_4(data, xp, xs, nb, r0, r1, out)
         else:
             _dots_q8_0_8(data, xp, xs, nb, r0, r1, out)
@@ -722,7 +600,9 @@ def _mvp_q4_k(x, data, nb, out):
     xs = _packed_sums(xp)
     for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
         r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
-        if xp.shape[1] == 4:
+        if xp.shape[1] == 1:
+            _dots_q4_k_1(data, xp, xs, nb, r0, r1, out)
+        elif xp.shape[1] == 4:
             _dots_q4_k_4(data, xp, xs, nb, r0, r1, out)
         else:
             _dots_q4_k_8(data, xp, xs, nb, r0, r1, out)
@@ -734,7 +614,9 @@ def _mvp_q6_k(x, data, nb, out):
     xs = xp
     for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
         r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
-        if xp.shape[1] == 4:
+        if xp.shape[1] == 1:
+            _dots_q6_k_1(data, xp, xs, nb, r0, r1, out)
+        elif xp.shape[1] == 4:
             _dots_q6_k_4(data, xp, xs, nb, r0, r1, out)
         else:
             _dots_q6_k_8(data, xp, xs, nb, r0, r1, out)
@@ -746,7 +628,9 @@ def _mvp_f32(x, data, nb, out):
     xs = xp
     for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
         r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
-        if xp.shape[1] == 4:
+        if xp.shape[1] == 1:
+            _dots_f32_1(data, xp, xs, nb, r0, r1, out)
+        elif xp.shape[1] == 4:
             _dots_f32_4(data, xp, xs, nb, r0, r1, out)
         else:
             _dots_f32_8(data, xp, xs, nb, r0, r1, out)
@@ -758,7 +642,9 @@ def _mvp_f16(x, data, nb, out):
     xs = xp
     for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
         r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
-        if xp.shape[1] == 4:
+        if xp.shape[1] == 1:
+            _dots_f16_1(data, xp, xs, nb, r0, r1, out)
+        elif xp.shape[1] == 4:
             _dots_f16_4(data, xp, xs, nb, r0, r1, out)
         else:
             _dots_f16_8(data, xp, xs, nb, r0, r1, out)
@@ -770,14 +656,14 @@ def _mvp_bf16(x, data, nb, out):
     xs = xp
     for t in prange((data.shape[0] + _ROWS - 1) // _ROWS):
         r0, r1 = t * _ROWS, min(data.shape[0], (t + 1) * _ROWS)
-        if xp.shape[1] == 4:
+        if xp.shape[1] == 1:
+            _dots_bf16_1(data, xp, xs, nb, r0, r1, out)
+        elif xp.shape[1] == 4:
             _dots_bf16_4(data, xp, xs, nb, r0, r1, out)
         else:
             _dots_bf16_8(data, xp, xs, nb, r0, r1, out)
 
 
-_MV1 = {"f32": _mv1_f32, "f16": _mv1_f16, "bf16": _mv1_bf16, "q8_0": _mv1_q8_0, "q4_k": _mv1_q4_k,
-        "q6_k": _mv1_q6_k}
 _MVP = {"f32": _mvp_f32, "f16": _mvp_f16, "bf16": _mvp_bf16, "q8_0": _mvp_q8_0, "q4_k": _mvp_q4_k,
         "q6_k": _mvp_q6_k}
 _WIDEN = {"f32": _widen_f32, "f16": _widen_f16, "bf16": _widen_bf16, "q8_0": _widen_q8_0,
@@ -824,10 +710,7 @@ def matvec(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, ou
 
 
 def _product(x, data, dtype, out):  # x [n <= 8, cols] -> out [n, rows]
-    n, cols = x.shape
-    if n == 1:
-        _MV1[dtype](x[0], data, out[0])
-        return
+    cols = x.shape[1]
     per = QK[dtype][0] if dtype in QK else 32
     nb = cols // per
     _MVP[dtype](x, data, nb, out)
