@@ -13,6 +13,7 @@ import numpy as np
 from nanoasr.backend import array_module
 from nanoasr.tensor import StoredTensor, widen
 
+
 def linear(x, w, bias=None):  # [..., in] @ W[out, in].T (+ b[out]) -> [..., out]
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
@@ -59,6 +60,14 @@ def _widen_buffer(rows: int, cols: int) -> np.ndarray:
 
 
 def layer_norm(x, weight, bias, eps):  # [..., d] -> [..., d]
+    if array_module(x) is np:
+        from nanoasr.kernels.encoder import layer_norm as one_pass
+
+        return one_pass(x, weight, bias, eps)
+    return layer_norm_xp(x, weight, bias, eps)
+
+
+def layer_norm_xp(x, weight, bias, eps):  # the array-module twin of the kernel (CuPy runs it)
     xp = array_module(x)
     mean = x.mean(axis=-1, keepdims=True)
     centered = x - mean
@@ -72,10 +81,18 @@ def rms_norm(x, weight, eps):  # [..., d] -> [..., d]
     return x / xp.sqrt(ms + eps) * weight
 
 
-def softmax(x, axis=-1):
+def softmax_inplace(x, axis=-1):  # x is overwritten with softmax(x): no temporaries the size of x
     xp = array_module(x)
-    e = xp.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
+    x -= x.max(axis=axis, keepdims=True)
+    xp.exp(x, out=x)
+    x /= x.sum(axis=axis, keepdims=True)
+    return x
+
+
+def mask_inplace(scores, keep):  # scores [..., n, m], keep bool broadcastable to it: dropped -> -inf
+    if not keep.all():
+        array_module(scores).copyto(scores, np.float32(-np.inf), where=~keep)
+    return scores
 
 
 def relu(x):
@@ -109,5 +126,5 @@ def attention(q, k, v, mask=None):  # q [..., h, n, d], k/v [..., h, m, d], mask
     k, v = xp.ascontiguousarray(k), xp.ascontiguousarray(v)
     scores = q @ xp.swapaxes(k, -1, -2)  # [..., h, n, m]
     if mask is not None:
-        scores = xp.where(mask[..., None, :, :], scores, np.float32(-np.inf))
-    return softmax(scores) @ v
+        mask_inplace(scores, mask[..., None, :, :])
+    return softmax_inplace(scores) @ v

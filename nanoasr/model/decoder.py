@@ -11,7 +11,8 @@ import numpy as np
 
 from nanoasr.backend import array_module
 from nanoasr.model.config import TextConfig
-from nanoasr.ops import apply_rope, linear, rms_norm, rope_tables, silu, softmax
+from nanoasr.ops import (apply_rope, linear, mask_inplace, rms_norm, rope_tables, silu,
+                         softmax_inplace)
 from nanoasr.tensor import StoredTensor, take_rows
 
 P = "model.language_model."
@@ -67,8 +68,7 @@ def _prefill_attention(q, keys, values, mask, group):  # q [B, n, heads, hd], ca
     # the query heads sharing a kv head become one [g*n, hd] matrix, so each product is one plain GEMM
     q = xp.ascontiguousarray((q * np.float32(hd ** -0.5)).reshape(b, n, kvh, group, hd).transpose(0, 2, 3, 1, 4))
     scores = (q.reshape(b, kvh, group * n, hd) @ xp.swapaxes(keys, -1, -2)).reshape(b, kvh, group, n, m)
-    scores = xp.where(mask[:, None, None], scores, np.float32(-np.inf))
-    attn = softmax(scores).reshape(b, kvh, group * n, m) @ values  # [B, kvh, g*n, hd]
+    attn = softmax_inplace(mask_inplace(scores, mask[:, None, None])).reshape(b, kvh, group * n, m) @ values  # [B, kvh, g*n, hd]
     return attn.reshape(b, kvh, group, n, hd).transpose(0, 3, 1, 2, 4).reshape(b, n, -1)
 
 

@@ -1,0 +1,59 @@
+"""Serial numba loops for the encoder's elementwise stages: LayerNorm and the FSMN depthwise convolution.
+
+Their numpy twins are `nanoasr.ops.layer_norm` and `nanoasr.model.encoder.fsmn`, which make a pass over the
+activations (and a temporary) per operation or per tap; these make one. They stay serial: they run between
+BLAS GEMMs, and a numba parallel region there leaves its threads spinning on the cores BLAS needs.
+Compiled on first use and cached on disk.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _layer_norm_rows(x, weight, bias, eps, out):  # x, out [n, d]
+    d = x.shape[1]
+    for r in range(x.shape[0]):
+        row = x[r]
+        total = np.float32(0.0)
+        for c in range(d):
+            total += row[c]
+        mean = total / np.float32(d)
+        squares = np.float32(0.0)
+        for c in range(d):
+            centered = row[c] - mean
+            squares += centered * centered
+        scale = np.float32(1.0) / np.sqrt(squares / np.float32(d) + eps)
+        for c in range(d):
+            out[r, c] = (row[c] - mean) * scale * weight[c] + bias[c]
+
+
+def layer_norm(x, weight, bias, eps):  # float32 [..., d] -> [..., d]
+    rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+    out = np.empty_like(rows)
+    _layer_norm_rows(rows, weight, bias, np.float32(eps), out)
+    return out.reshape(x.shape)
+
+
+@njit(cache=True)
+def _fsmn(v, taps, out):  # v, out [B, T, D]; taps [K, D]: out = v + sum_k v[t + k - pad] * taps[k]
+    batch, frames, depth = v.shape
+    width = taps.shape[0]
+    pad = (width - 1) // 2
+    for b in range(batch):
+        for t in range(frames):
+            acc = out[b, t]
+            acc[:] = v[b, t]
+            for k in range(width):  # taps in order, one multiply and one add each (as the numpy twin)
+                src = t + k - pad
+                if 0 <= src < frames:
+                    row, tap = v[b, src], taps[k]
+                    for d in range(depth):
+                        acc[d] += row[d] * tap[d]
+
+
+def fsmn(v, kernel):  # v [B, T, D] float32 (padding zeroed), kernel [D, 1, K] -> [B, T, D]
+    out = np.empty_like(v)
+    _fsmn(np.ascontiguousarray(v), np.ascontiguousarray(kernel[:, 0, :].T), out)
+    return out

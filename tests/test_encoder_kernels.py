@@ -1,0 +1,41 @@
+"""The encoder's one-pass kernels against their numpy twins and a float64 formula."""
+import numpy as np
+import pytest
+
+from nanoasr.kernels import encoder as kernels
+from nanoasr.model.encoder import fsmn_xp
+from nanoasr.ops import layer_norm_xp
+
+
+@pytest.mark.parametrize("shape", [(1, 7, 512), (2, 33, 560), (3, 1024)])
+@pytest.mark.parametrize("eps", [1e-5, 1e-12])
+def test_layer_norm_matches_the_formula(shape, eps):
+    rng = np.random.default_rng(shape[-1])
+    x = (rng.standard_normal(shape) * 3 + 1.5).astype(np.float32)
+    weight, bias = rng.standard_normal((2, shape[-1])).astype(np.float32)
+    x64 = x.astype(np.float64)
+    mean = x64.mean(-1, keepdims=True)
+    ref = (x64 - mean) / np.sqrt(((x64 - mean) ** 2).mean(-1, keepdims=True) + eps) * weight + bias
+    got = kernels.layer_norm(x, weight, bias, eps)
+    assert got.dtype == np.float32 and got.shape == shape
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(got, layer_norm_xp(x, weight, bias, np.float32(eps)), rtol=1e-5, atol=2e-5)
+
+
+def test_layer_norm_takes_strided_input():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 64, 2)).astype(np.float32)[..., 0]
+    weight, bias = np.ones(64, np.float32), np.zeros(64, np.float32)
+    np.testing.assert_allclose(kernels.layer_norm(x, weight, bias, 1e-5),
+                               layer_norm_xp(x, weight, bias, np.float32(1e-5)), rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("batch, frames, depth, taps", [(1, 50, 512, 11), (3, 4, 16, 11), (2, 9, 8, 1),
+                                                         (1, 1, 32, 5)])
+def test_fsmn_equals_its_numpy_twin(batch, frames, depth, taps):
+    """Same multiplies and adds in the same order: equal values, not merely close (frames < taps too)."""
+    rng = np.random.default_rng(frames * taps)
+    v = rng.standard_normal((batch, frames, depth)).astype(np.float32)
+    v[:, frames // 2 + 1:] *= rng.integers(0, 2, (batch, 1, 1)).astype(np.float32)  # padded rows are zeros
+    kernel = rng.standard_normal((depth, 1, taps)).astype(np.float32)
+    np.testing.assert_array_equal(kernels.fsmn(v, kernel), fsmn_xp(v, kernel))
