@@ -140,15 +140,13 @@ class Model:
             embeds.append(self.prompt_embeds(audio[b, :n], options)[0])
             seconds = len(waves[b]) / 16000
             budgets.append(options.max_new_tokens or generate.token_budget(seconds))
-        prefill_start = time.perf_counter()
-
-        def prefill_done():
-            timer.ms["prefill"] = timer.ms.get("prefill", 0.0) + (time.perf_counter() - prefill_start) * 1e3
-
-        with timer.stage("generate"):
-            out = generate.generate(embeds, budgets, self.weights, self.config.text, self.tokenizer.stop_ids,
-                                    options.ignore_stop, prefill_done)
-        timer.ms["decode"] = timer.ms.pop("generate") - timer.ms["prefill"]
+        start = time.perf_counter()
+        prefilled = []  # when prefill ended: this batch's prefill and decode times add to the totals
+        out = generate.generate(embeds, budgets, self.weights, self.config.text, self.tokenizer.stop_ids,
+                                options.ignore_stop, lambda: prefilled.append(time.perf_counter()))
+        end = time.perf_counter()
+        timer.ms["prefill"] = timer.ms.get("prefill", 0.0) + (prefilled[0] - start) * 1e3
+        timer.ms["decode"] = timer.ms.get("decode", 0.0) + (end - prefilled[0]) * 1e3
         return out
 
     def transcribe(self, audio, *, sample_rate: int | None = None, language: str | None = None, itn: bool = True,
