@@ -60,6 +60,33 @@ def test_batched_generation_equals_sequential(tiny_model):
         assert g.avg_logprob == pytest.approx(alone.avg_logprob, abs=1e-4)
 
 
+def test_a_pool_of_rows_takes_prompts_as_rows_free_up(tiny_model):
+    """Two rows for five prompts read lazily: each prompt gets the tokens it gets alone, the cache grows for
+    longer prompts, and every prompt is reported done once."""
+    embeds, budgets = [], []
+    for name, options in PROMPTS.items():
+        ref = cases(REFS, "funasr")[name]
+        embeds.append(stage_outputs(tiny_model, ref["wave"], "funasr", options)["embeds"])
+    embeds = [embeds[i % len(embeds)][:30 + 9 * i] for i in range(5)]  # lengths 30, 39, ...: growing
+    budgets = [24, 6, 15, 3, 9]
+    w, cfg, stops = tiny_model.weights, tiny_model.config.text, tiny_model.tokenizer.stop_ids
+    read, done, timings = [], [], {}
+
+    def lazily():
+        for i, e in enumerate(embeds):
+            read.append(i)
+            yield e
+
+    pooled = generate.generate(lazily(), budgets, w, cfg, stops, ignore_stop=True, rows=2, timings=timings,
+                               on_done=lambda i, g: done.append((i, len(read))))
+    assert sorted(i for i, _ in done) == list(range(5))
+    assert all(i < n for i, n in done) and done[0][1] == 2  # the third prompt is read once a row is free
+    assert timings["prefill"] > 0 and timings["decode"] > 0
+    for e, b, g in zip(embeds, budgets, pooled):
+        alone = generate.generate([e], [b], w, cfg, stops, ignore_stop=True)[0]
+        assert g.ids == alone.ids and len(g.ids) == b
+
+
 def test_transcribe_returns_the_reference_ids(tiny_model):
     ref = cases(REFS, "transformers")["short"]
     result = tiny_model.transcribe(ref["wave"], sample_rate=16000, reference="transformers",

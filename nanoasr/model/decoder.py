@@ -32,6 +32,17 @@ class KVCache:
     def capacity(self) -> int:
         return self.k.shape[3]
 
+    def reserve(self, capacity: int) -> None:
+        """Room for at least `capacity` positions per row (grown by copying; filled positions are kept)."""
+        if capacity <= self.capacity:
+            return
+        xp = array_module(self.k)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = xp.zeros(old.shape[:3] + (capacity,) + old.shape[4:], dtype=np.float32)
+            new[:, :, :, :old.shape[3]] = old
+            setattr(self, name, new)
+
     def swap(self, a: int, b: int) -> None:
         """Exchange two batch rows (keeps the active rows a contiguous prefix as items finish)."""
         for buf in (self.k, self.v):

@@ -1,10 +1,12 @@
-"""Greedy generation for a batch of prompts: prefill each into its cache row, then advance every unfinished
-row by one token per step (one pass over the weights for the whole batch). Finished rows are swapped to
-the end so the active rows stay a contiguous prefix of the cache.
+"""Greedy generation for many prompts through a pool of cache rows: prefill each prompt into a free row, then
+advance every unfinished row by one token per step (one pass over the weights for the whole pool). Finished
+rows are swapped to the end so the active rows stay a contiguous prefix of the cache, and free rows take the
+next prompts.
 """
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,44 +71,68 @@ def _finish(ids: list[int], budget: int, stop_ids, ignore_stop: bool) -> Generat
     return None
 
 
-def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, on_prefill=None):
-    """embeds: list of [L_b, H] prompt embeddings; budgets: new tokens allowed each -> list[Generation].
+def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, rows=None, timings=None,
+             on_done=None):
+    """embeds: prompt embeddings [L_b, H]; budgets: new tokens allowed each -> list[Generation], in order.
 
+    At most `rows` prompts decode together (all of them when None); a row that finishes takes the next
+    prompt at once, so a long generation never holds up the prompts behind it. `embeds` may be a lazy
+    iterable when `rows` is given: it is read only as rows free up. `timings`, when a dict, accumulates
+    "prefill" and "decode" milliseconds; `on_done(index, generation)` is called as each prompt finishes.
     `ignore_stop` decodes exactly `budget` tokens, never choosing a stop token (reference comparisons,
     benchmarks).
     """
     suppress = tuple(stop_ids) if ignore_stop else ()
-    xp = array_module(embeds[0])
-    n = len(embeds)
-    cache = KVCache(cfg, n, max(len(e) + b for e, b in zip(embeds, budgets)), xp)
-    item_of_row = list(range(n))
-    tokens, logprobs = [], []
-    for b, e in enumerate(embeds):
-        hidden = decoder.forward(e[None], w, cfg, cache, slice(b, b + 1), [0])
-        ids, lps = _greedy(decoder.logits(hidden, w), suppress)
-        tokens.append(ids)
-        logprobs.append(lps)
-    if on_prefill is not None:
-        on_prefill()
-    results: list[Generation | None] = [None] * n
-    active = n
+    pool = rows or len(embeds)
+    prompts = iter(zip(embeds, budgets))
+    cache = None
+    results: list[Generation | None] = []
+    tokens, logprobs, budget_of = [], [], []
+    item_of_row = [0] * pool
+    active, exhausted = 0, False
+    clock = timings if timings is not None else {}
     while True:
-        row = 0
+        while active < pool and not exhausted:  # fill free rows: prefill each new prompt into its row
+            prompt = next(prompts, None)
+            if prompt is None:
+                exhausted = True
+                break
+            e, budget = prompt
+            if cache is None:
+                cache = KVCache(cfg, pool, len(e) + budget, array_module(e))
+            cache.reserve(len(e) + budget)
+            start = time.perf_counter()
+            hidden = decoder.forward(e[None], w, cfg, cache, slice(active, active + 1), [0])
+            ids, lps = _greedy(decoder.logits(hidden, w), suppress)
+            clock["prefill"] = clock.get("prefill", 0.0) + (time.perf_counter() - start) * 1e3
+            item_of_row[active] = len(results)
+            results.append(None)
+            tokens.append(ids)
+            logprobs.append(lps)
+            budget_of.append(budget)
+            active += 1
+        row, retired = 0, False
         while row < active:  # retire finished rows by swapping them behind the active prefix
             item = item_of_row[row]
-            done = _finish(tokens[item], budgets[item], stop_ids, ignore_stop)
+            done = _finish(tokens[item], budget_of[item], stop_ids, ignore_stop)
             if done is None:
                 row += 1
                 continue
             kept = logprobs[item][:len(done.ids)]
             done.avg_logprob = sum(kept) / len(kept) if kept else 0.0
             results[item] = done
+            if on_done is not None:
+                on_done(item, done)
             active -= 1
+            retired = True
             if row != active:
                 cache.swap(row, active)
                 item_of_row[row], item_of_row[active] = item_of_row[active], item_of_row[row]
+        if retired and not exhausted:
+            continue
         if active == 0:
             return results
+        start = time.perf_counter()
         last = [tokens[item_of_row[r]][-1] for r in range(active)]
         x = decoder.embed(last, w)[:, None, :]  # [B, 1, H]
         hidden = decoder.forward(x, w, cfg, cache, slice(0, active), cache.lengths[:active].copy())
@@ -114,3 +140,4 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, o
         for r, (t, lp) in enumerate(zip(ids, lps)):
             tokens[item_of_row[r]].append(t)
             logprobs[item_of_row[r]].append(lp)
+        clock["decode"] = clock.get("decode", 0.0) + (time.perf_counter() - start) * 1e3
