@@ -61,6 +61,7 @@ def child_nanoasr(args) -> dict:
     out["decode_ms_per_token"] = second.timings["decode"] / max(args.tokens - 1, 1)
     out["rtf"] = second.timings["total"] / 1e3 / args.seconds
     out.update(stage_times(model, args.threads))
+    out["peak_rss_mb"] = peak_rss_mb()  # transcribing: before the step tests below fill 8 cache rows
     cfg = model.config.text
     rng = np.random.default_rng(0)
     for context in (64, 512):
@@ -83,6 +84,7 @@ def child_nanoasr(args) -> dict:
         long_wave = speech_like(args.long_seconds, seed=2, silence_every_s=45)
         result = model.transcribe(long_wave, sample_rate=16000, reference=args.reference)
         out["long_rtf"] = result.timings["total"] / 1e3 / args.long_seconds
+        out["long_stage_s"] = {k: round(v / 1e3, 2) for k, v in result.timings.items()}
         out["long_segments"] = len(result.segments)
         out["long_tokens"] = sum(len(s.token_ids) for s in result.segments)
         import nanoasr.api
@@ -93,7 +95,6 @@ def child_nanoasr(args) -> dict:
         out["long_sequential_rtf"] = sequential.timings["total"] / 1e3 / args.long_seconds
         out["long_batched_equals_sequential"] = [s.token_ids for s in result.segments] == [
             s.token_ids for s in sequential.segments]
-    out["peak_rss_mb"] = peak_rss_mb()
     return out
 
 
@@ -264,10 +265,43 @@ def report(results: dict, args) -> str:
             continue
         cells = [next((r[k] for k in keys if k in r), None) for _, keys in COLUMNS]
         lines.append(f"| {name} | " + " | ".join(_fmt(c) for c in cells) + " |")
+    lines += ["", *ratios(results["runs"])]
     lines += ["", "Decode ms/token is the median step of a forced generation after a 10 s clip's prompt; "
               "llama.cpp rows time its Qwen3 decoder alone (llama-cpp-python `eval`, one token at a time). "
-              "RTF long is a synthesized recording with pauses, segmented and decoded in batches of 8."]
+              "RTF long is a synthesized recording with pauses, segmented and decoded in batches of 8. "
+              "Peak RSS is taken after the transcriptions and stage timings, before the step timings fill "
+              "eight cache rows."]
+    long = [(name, r["long_stage_s"]) for name, r in results["runs"].items() if "long_stage_s" in r]
+    for name, stages in long:
+        lines += ["", f"Long audio through {name}, seconds per stage: {stages}."]
     return "\n".join(lines) + "\n"
+
+
+def _stored_type(name: str) -> str:  # "nanoasr model-q8_0.gguf" / "llama.cpp decoder qwen3-q8_0.gguf" -> "q8_0"
+    stem = Path(name.split()[-1]).stem
+    return stem.rsplit("-", 1)[-1] if "-" in stem else stem
+
+
+def ratios(runs: dict) -> list[str]:
+    """The comparisons the targets are stated in, from this run's rows."""
+    ours = {n: r for n, r in runs.items() if n.startswith("nanoasr") and "error" not in r}
+    llama = {_stored_type(n): r for n, r in runs.items() if n.startswith("llama.cpp") and "error" not in r}
+    hf = {n.split()[-1]: r for n, r in runs.items() if n.startswith("transformers") and "error" not in r}
+    lines = ["| nanoasr run | decode / llama.cpp same type | decode speed-up over Transformers bf16 | "
+             "encoder+adaptor 30 s / Transformers bf16 | prefill 196 / Transformers fp32 | "
+             "prefill 196 / Transformers bf16 |", "|---|---|---|---|---|---|"]
+    for name, r in ours.items():
+        def over(key, other, invert=False):
+            if other is None or key not in r or key not in other:
+                return ""
+            value = other[key] / r[key] if invert else r[key] / other[key]
+            return f"{value:.2f}"
+        cells = [over("decode_ms_per_token", llama.get(_stored_type(name))),
+                 over("decode_ms_per_token", hf.get("bf16"), invert=True),
+                 over("encoder_adaptor_30s_ms", hf.get("bf16")),
+                 over("prefill196_ms", hf.get("fp32")), over("prefill196_ms", hf.get("bf16"))]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main() -> int:
