@@ -1,0 +1,104 @@
+"""Where the time goes: cProfile of encoder + adaptor on 30 s, a 196-position prefill, and decode steps.
+
+    python tools/profile_stages.py MODEL [--threads 2] [--steps 20] [--top 12]
+
+MODEL is a checkpoint directory or .gguf. Each stage runs once to compile and warm up, then once under
+cProfile; the table lists the functions with the most time of their own (BLAS calls count in the Python
+function that makes them). Decode steps also run without the weight products (replaced by zeros) and
+without attention, to show what the rest of a step costs. Runs with OPENBLAS_CORETYPE and
+OPENBLAS_L2_SIZE unset, as tools/bench.py does.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+_OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+if any(v in os.environ for v in _OPENBLAS_VARS):
+    env = {k: v for k, v in os.environ.items() if k not in _OPENBLAS_VARS}
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import pathlib  # noqa: E402
+import pstats  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from nanoasr import ops  # noqa: E402
+from nanoasr.api import Model  # noqa: E402
+from nanoasr.kernels import attention  # noqa: E402
+from nanoasr.model import decoder  # noqa: E402
+from tools.synth import speech_like  # noqa: E402
+
+
+def profiled(name: str, fn, top: int) -> None:
+    fn()
+    start = time.perf_counter()
+    fn()
+    print(f"\n== {name}: {(time.perf_counter() - start) * 1e3:.1f} ms")
+    profile = cProfile.Profile()
+    profile.runcall(fn)
+    pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(top)
+
+
+def median_ms(fn, repeats: int = 15) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(times))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    model = Model.load(args.model, threads=args.threads)
+    cfg, w = model.config.text, model.weights
+    rng = np.random.default_rng(0)
+    with model._threads():
+        feats, mask = model.features([speech_like(30, seed=3)], "funasr")
+        profiled("encoder + adaptor, 30 s", lambda: model.adapt(model.encode(feats, mask), mask, "funasr"),
+                 args.top)
+        prompt = rng.standard_normal((1, 196, cfg.hidden_size)).astype(np.float32)
+
+        def prefill():
+            cache = decoder.KVCache(cfg, 1, 200)
+            decoder.logits(decoder.forward(prompt, w, cfg, cache, slice(0, 1), [0]), w)
+        profiled("prefill, 196 positions", prefill, args.top)
+
+        cache = decoder.KVCache(cfg, 1, 200 + args.steps)
+        decoder.forward(prompt, w, cfg, cache, slice(0, 1), [0])
+        filled = cache.lengths.copy()
+
+        def step():
+            cache.lengths[:] = filled
+            x = decoder.embed([1000], w)[:, None, :]
+            hidden = decoder.forward(x, w, cfg, cache, slice(0, 1), cache.lengths[:1].copy())
+            decoder.logits(hidden, w).argmax()
+
+        profiled(f"{args.steps} decode steps after 196 positions",
+                 lambda: [step() for _ in range(args.steps)], args.top)
+        print(f"\ndecode step: {median_ms(step):.1f} ms", end="")
+        products, attend = ops._stored_matmul, attention.decode_attention
+        zeros = {}
+        ops._stored_matmul = lambda rows, t: zeros.setdefault((len(rows), t.shape[0]),
+                                                              np.zeros((len(rows), t.shape[0]), np.float32))
+        print(f"; without the weight products {median_ms(step):.1f} ms", end="")
+        attention.decode_attention = lambda q, keys, values, lengths: q
+        print(f"; and without attention {median_ms(step):.1f} ms")
+        ops._stored_matmul, attention.decode_attention = products, attend
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
