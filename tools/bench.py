@@ -268,7 +268,8 @@ def report(results: dict, args) -> str:
     lines += ["", *ratios(results["runs"])]
     lines += ["", "Decode ms/token is the median step of a forced generation after a 10 s clip's prompt; "
               "llama.cpp rows time its Qwen3 decoder alone (llama-cpp-python `eval`, one token at a time). "
-              "RTF long is a synthesized recording with pauses, segmented and decoded in batches of 8. "
+              "RTF long is a synthesized recording with pauses, segmented and decoded 8 segments at a time "
+              "(a finished row takes the next segment). "
               "Peak RSS is taken after the transcriptions and stage timings, before the step timings fill "
               "eight cache rows."]
     long = [(name, r["long_stage_s"]) for name, r in results["runs"].items() if "long_stage_s" in r]
