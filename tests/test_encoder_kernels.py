@@ -30,8 +30,10 @@ def test_layer_norm_takes_strided_input():
                                layer_norm_xp(x, weight, bias, np.float32(1e-5)), rtol=1e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("batch, frames, depth, taps", [(1, 50, 512, 11), (3, 4, 16, 11), (2, 9, 8, 1),
-                                                         (1, 1, 32, 5)])
+FSMN_SHAPES = [(1, 50, 512, 11), (3, 4, 16, 11), (2, 9, 8, 1), (1, 1, 32, 5)]
+
+
+@pytest.mark.parametrize("batch, frames, depth, taps", FSMN_SHAPES)
 def test_fsmn_equals_its_numpy_twin(batch, frames, depth, taps):
     """Same multiplies and adds in the same order: equal values, not merely close (frames < taps too)."""
     rng = np.random.default_rng(frames * taps)

@@ -79,7 +79,8 @@ def _prefill_attention(q, keys, values, mask, group):  # q [B, n, heads, hd], ca
     # the query heads sharing a kv head become one [g*n, hd] matrix, so each product is one plain GEMM
     q = xp.ascontiguousarray((q * np.float32(hd ** -0.5)).reshape(b, n, kvh, group, hd).transpose(0, 2, 3, 1, 4))
     scores = (q.reshape(b, kvh, group * n, hd) @ xp.swapaxes(keys, -1, -2)).reshape(b, kvh, group, n, m)
-    attn = softmax_inplace(mask_inplace(scores, mask[:, None, None])).reshape(b, kvh, group * n, m) @ values  # [B, kvh, g*n, hd]
+    probs = softmax_inplace(mask_inplace(scores, mask[:, None, None]))
+    attn = probs.reshape(b, kvh, group * n, m) @ values  # [B, kvh, g*n, hd]
     return attn.reshape(b, kvh, group, n, hd).transpose(0, 3, 1, 2, 4).reshape(b, n, -1)
 
 
