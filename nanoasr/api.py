@@ -62,11 +62,12 @@ class Timer:
 
 
 def _runtime_weights(checkpoint: Checkpoint, xp) -> dict:
-    """Vectors and kernels widened once to float32; matrices stay in their stored type."""
+    """Vectors and kernels widened once to float32; matrices stay in their stored type (on the CPU float32
+    ones too, so that decoding streams them through the same kernels; a GPU gets them as device arrays)."""
     kinds = {name: kind for name, (_, kind) in expected_tensors(checkpoint.config).items()}
     out = {}
     for name, t in checkpoint.tensors.items():
-        if kinds.get(name, "matrix") != "matrix" or t.dtype == "f32":
+        if kinds.get(name, "matrix") != "matrix" or (t.dtype == "f32" and xp is not np):
             out[name] = xp.asarray(widen(t))
         else:
             out[name] = t
@@ -127,8 +128,8 @@ class Model:
 
     def _segment_prompts(self, wave, spans, options: Options, timer: Timer):
         """Prompt embeddings [L, H] for the spans of `wave`, in order, each computed when the decoder asks for
-        it. Spans go through the encoder one at a time: padded to a common length, a batch of eight measured
-        slower than the same spans one by one."""
+        it. Spans go through the encoder one at a time, so no work is spent on padding them to a common
+        length."""
         for a, b in spans:
             with timer.stage("frontend"):
                 feats, mask = self.features([wave[a:b]], options.reference)

@@ -19,8 +19,6 @@ def linear(x, w, bias=None):  # [..., in] @ W[out, in].T (+ b[out]) -> [..., out
     rows = x.reshape(-1, x.shape[-1])
     if isinstance(w, StoredTensor):
         y = _stored_matmul(rows, w)
-    elif len(rows) <= FUSED_ROWS and array_module(w) is np and w.dtype == np.float32 and w.flags.c_contiguous:
-        y = _stored_matmul(rows, StoredTensor(w, "f32", w.shape))  # decode: the kernels stream f32 too
     else:
         y = rows @ w.T
     if bias is not None:

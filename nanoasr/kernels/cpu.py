@@ -9,14 +9,14 @@ then vectorises across blocks with byte inserts and gathers (4-8 GB/s measured),
 explicit LLVM vector code: `_put_*` decode 32 elements and store them (widening); `_rowsdot` builds, per
 block type and for 1, 4 or 8 rows of x, a loop over weight rows that keeps 16-lane partial sums in registers.
 
-x is first packed as [cols/16, 1, 4 or 8, 16] (16 columns of every row side by side, rows past B zero,
-64-byte aligned), so the columns that meet one 16-lane weight vector are 1, 4 or 8 consecutive vectors.
+x is first packed as [cols/16, nx, 16] with nx = 1, 4 or 8 (16 columns of every row side by side, rows past
+B zero, 64-byte aligned), so the columns that meet one 16-lane weight vector are nx consecutive vectors.
 Each weight vector is decoded once into a register and multiplied into all rows (one accumulator per x row);
 two weight rows are decoded together, so each load of x feeds two FMAs and two weight streams are in flight;
 the partial-sum vectors of a row are reduced together once per row (`_lane_sums`). Weight lines of the
-next-but-one row pair are prefetched: the hardware prefetcher alone does not run far enough ahead. A row of x gets
-the same arithmetic in the same order whatever rows share its batch, so batched decoding picks the same tokens
-as decoding alone.
+next-but-one row pair are prefetched: the hardware prefetcher alone does not run far enough ahead. A row of
+x gets the same arithmetic in the same order whatever rows share its batch, so batched decoding picks the same
+tokens as decoding alone.
 
 Importing this module compiles nothing; each kernel compiles on its first call and is cached on disk
 (cache=True).
@@ -549,7 +549,7 @@ _dots_q8_0_8, _dots_q4_k_8, _dots_q6_k_8, _dots_f32_8, _dots_f16_8, _dots_bf16_8
 
 
 @njit(cache=True)
-def _packed(x, cols):  # x float32 [n <= 8, >= cols] -> float32 [cols/16, 1, 4 or 8, 16]
+def _packed(x, cols):  # x float32 [n <= 8, >= cols] -> float32 [cols/16, nx = 1, 4 or 8, 16]
     """16 columns of every row of x side by side (rows past n are zeros), starting on a 64-byte boundary so
     that no 16-column vector straddles cache lines."""
     nx = 1 if x.shape[0] == 1 else 4 if x.shape[0] <= 4 else 8
