@@ -14,16 +14,32 @@ from nanoasr.backend import array_module
 from nanoasr.tensor import StoredTensor, widen
 
 
-def linear(x, w, bias=None):  # [..., in] @ W[out, in].T (+ b[out]) -> [..., out]
+def linear(x, w, bias=None, relu=False):  # [..., in] @ W[out, in].T (+ b[out]), then max(., 0) -> [..., out]
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
     if isinstance(w, StoredTensor):
         y = _stored_matmul(rows, w)
     else:
         y = rows @ w.T
+    if bias is not None or relu:
+        y = _add_bias(y, bias, relu)
+    return y.reshape(*lead, y.shape[-1])
+
+
+def _add_bias(y, bias, relu):  # y [n, out] (a fresh product, overwritten) -> y + bias, rectified if relu
+    if bias is not None and array_module(y) is np and y.dtype == np.float32 and y.flags.c_contiguous:
+        from nanoasr.kernels.encoder import add_bias
+
+        return add_bias(y, bias, relu)  # one pass instead of two and a temporary
+    return add_bias_xp(y, bias, relu)
+
+
+def add_bias_xp(y, bias, relu):  # the array-module twin of the kernel
     if bias is not None:
         y += bias
-    return y.reshape(*lead, y.shape[-1])
+    if relu:
+        array_module(y).maximum(y, 0, out=y)
+    return y
 
 
 # Up to this many rows (batched decode, the last prefill position) stream the stored blocks once through
@@ -45,7 +61,8 @@ def _stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n,
                           np.empty((len(x), out_features), np.float32))
     if w.dtype == "f32":
         return x @ w.data.T
-    return x @ cpu.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features)).T
+    wide = cpu.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))
+    return x @ wide.T
 
 
 def _widen_buffer(rows: int, cols: int) -> np.ndarray:
@@ -79,11 +96,19 @@ def rms_norm(x, weight, eps):  # [..., d] -> [..., d]
     return x / xp.sqrt(ms + eps) * weight
 
 
-def softmax_inplace(x, axis=-1):  # x is overwritten with softmax(x): no temporaries the size of x
+def softmax_inplace(x):  # [..., m] overwritten with its softmax over the last axis
+    if array_module(x) is np and x.dtype == np.float32 and x.flags.c_contiguous:
+        from nanoasr.kernels.softmax import softmax_inplace as one_row_at_a_time
+
+        return one_row_at_a_time(x)
+    return softmax_inplace_xp(x)
+
+
+def softmax_inplace_xp(x):  # the array-module twin of the kernel: no temporaries the size of x
     xp = array_module(x)
-    x -= x.max(axis=axis, keepdims=True)
+    x -= x.max(axis=-1, keepdims=True)
     xp.exp(x, out=x)
-    x /= x.sum(axis=axis, keepdims=True)
+    x /= x.sum(axis=-1, keepdims=True)
     return x
 
 
@@ -91,10 +116,6 @@ def mask_inplace(scores, keep):  # scores [..., n, m], keep bool broadcastable t
     if not keep.all():
         array_module(scores).copyto(scores, np.float32(-np.inf), where=~keep)
     return scores
-
-
-def relu(x):
-    return array_module(x).maximum(x, 0)
 
 
 def silu(x):
@@ -117,7 +138,8 @@ def apply_rope(x, cos, sin):  # [..., n, heads, d] with cos/sin [..., n, d] -> s
     return x * cos[..., None, :] + rotated * sin[..., None, :]
 
 
-def attention(q, k, v, mask=None):  # q [..., h, n, d], k/v [..., h, m, d], mask [..., n|1, m] bool -> [..., h, n, d]
+def attention(q, k, v, mask=None):  # q [..., h, n, d], k/v [..., h, m, d], mask [..., n|1, m] bool
+    # -> [..., h, n, d]
     xp = array_module(q)
     # Stacked matmuls reach BLAS only on contiguous operands (head-split views take a slow loop).
     q = xp.ascontiguousarray(q * np.float32(q.shape[-1] ** -0.5))

@@ -4,7 +4,7 @@ import pytest
 
 from nanoasr.kernels import encoder as kernels
 from nanoasr.model.encoder import fsmn_xp
-from nanoasr.ops import layer_norm_xp
+from nanoasr.ops import add_bias_xp, layer_norm_xp
 
 
 @pytest.mark.parametrize("shape", [(1, 7, 512), (2, 33, 560), (3, 1024)])
@@ -41,3 +41,18 @@ def test_fsmn_equals_its_numpy_twin(batch, frames, depth, taps):
     v[:, frames // 2 + 1:] *= rng.integers(0, 2, (batch, 1, 1)).astype(np.float32)  # padded rows are zeros
     kernel = rng.standard_normal((depth, 1, taps)).astype(np.float32)
     np.testing.assert_array_equal(kernels.fsmn(v, kernel), fsmn_xp(v, kernel))
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_add_bias_equals_its_numpy_twin(relu):
+    """One add (and one max) per element, as numpy does: equal values, negative zero included."""
+    rng = np.random.default_rng(int(relu))
+    y = rng.standard_normal((37, 130)).astype(np.float32)
+    y[0, :5] = [-0.0, 0.0, -1e-38, np.inf, np.nan]
+    bias = rng.standard_normal(130).astype(np.float32)
+    bias[:5] = [-0.0, -0.0, 0, 0, 0]
+    want = add_bias_xp(y.copy(), bias, relu)
+    got = kernels.add_bias(y, bias, relu)
+    assert got is y
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from nanoasr.kernels.softmax import exp_nonpositive
+
 
 @njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
 def _attend(q, keys, values, lengths, out):
@@ -29,7 +31,7 @@ def _attend(q, keys, values, lengths, out):
             top = scores[j].max()
             total = np.float32(0.0)
             for t in range(m):
-                scores[j, t] = np.exp(scores[j, t] - top)
+                scores[j, t] = exp_nonpositive(scores[j, t] - top)
                 total += scores[j, t]
             scores[j] /= total
         acc = np.zeros((group, head_dim), np.float32)

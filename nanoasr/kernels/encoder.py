@@ -1,7 +1,9 @@
-"""Serial numba loops for the encoder's elementwise stages: LayerNorm and the FSMN depthwise convolution.
+"""Serial numba loops for the elementwise stages between GEMMs: LayerNorm, the FSMN depthwise convolution,
+and a linear layer's bias (with its ReLU).
 
-Their numpy twins are `nanoasr.ops.layer_norm` and `nanoasr.model.encoder.fsmn`, which make a pass over the
-activations (and a temporary) per operation or per tap; these make one. They stay serial: they run between
+Their numpy twins are `nanoasr.ops.layer_norm_xp`, `nanoasr.model.encoder.fsmn_xp` and
+`nanoasr.ops.add_bias_xp`, which make a pass over the activations (and a temporary) per operation or per tap;
+these make one. They stay serial: they run between
 BLAS GEMMs, and a numba parallel region there leaves its threads spinning on the cores BLAS needs.
 Compiled on first use and cached on disk.
 """
@@ -57,3 +59,21 @@ def fsmn(v, kernel):  # v [B, T, D] float32 (padding zeroed), kernel [D, 1, K] -
     out = np.empty_like(v)
     _fsmn(np.ascontiguousarray(v), np.ascontiguousarray(kernel[:, 0, :].T), out)
     return out
+
+
+@njit(cache=True)
+def _add_bias_rows(y, bias, relu):  # y [n, d] += bias [d], then max(., 0) if relu
+    for r in range(y.shape[0]):
+        row = y[r]
+        if relu:
+            for c in range(row.shape[0]):
+                v = row[c] + bias[c]
+                row[c] = np.float32(0.0) if v <= np.float32(0.0) else v  # NaN stays NaN; -0 -> 0: as numpy
+        else:
+            for c in range(row.shape[0]):
+                row[c] += bias[c]
+
+
+def add_bias(y, bias, relu):  # y float32 [n, d] C-contiguous, overwritten -> y
+    _add_bias_rows(y, np.ascontiguousarray(bias, dtype=np.float32), relu)
+    return y

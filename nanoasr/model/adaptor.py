@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from nanoasr.model.config import AdaptorConfig
 from nanoasr.model.encoder import self_attention
-from nanoasr.ops import layer_norm, linear, relu
+from nanoasr.ops import layer_norm, linear
 
 P = "model.multi_modal_projector."
 
@@ -14,13 +14,13 @@ def adaptor_block(x, w, i, cfg: AdaptorConfig, mask, eps):  # [B, T, 1024] -> [B
     attn, _ = self_attention(h, w, p + "self_attn.", cfg.num_attention_heads, mask)
     x = x + linear(attn, w[p + "self_attn.o_proj.weight"], w[p + "self_attn.o_proj.bias"])
     h = layer_norm(x, w[p + "post_attention_layernorm.weight"], w[p + "post_attention_layernorm.bias"], eps)
-    return x + linear(relu(linear(h, w[p + "mlp.fc1.weight"], w[p + "mlp.fc1.bias"])),
+    return x + linear(linear(h, w[p + "mlp.fc1.weight"], w[p + "mlp.fc1.bias"], relu=True),
                       w[p + "mlp.fc2.weight"], w[p + "mlp.fc2.bias"])
 
 
 def adapt(enc, mask, w, cfg: AdaptorConfig, eps: float, taps=None):  # [B, T, 512], mask [B, T] -> [B, T, 1024]
     """`eps` is the profile's LayerNorm eps (1e-12 funasr, the config's value for transformers)."""
-    x = linear(relu(linear(enc, w[P + "linear_1.weight"], w[P + "linear_1.bias"])),
+    x = linear(linear(enc, w[P + "linear_1.weight"], w[P + "linear_1.bias"], relu=True),
                w[P + "linear_2.weight"], w[P + "linear_2.bias"])
     if taps is not None:
         taps["projector"] = x

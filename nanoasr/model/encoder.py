@@ -9,7 +9,7 @@ import numpy as np
 
 from nanoasr.backend import array_module
 from nanoasr.model.config import AudioConfig
-from nanoasr.ops import attention, layer_norm, linear, relu
+from nanoasr.ops import attention, layer_norm, linear
 
 
 def sinusoid_positions(n: int, depth: int, xp=np):  # -> [n, depth], positions 1..n, [sin | cos]
@@ -58,7 +58,7 @@ def encoder_block(x, w, i, cfg: AudioConfig, mask):  # [B, T, d_in] -> [B, T, D]
     x = x + a if x.shape[-1] == a.shape[-1] else a  # block 0 maps 560 -> 512 and has no residual
     h = layer_norm(x, w[p + "post_attention_layernorm.weight"], w[p + "post_attention_layernorm.bias"],
                    cfg.layer_norm_eps)
-    h = linear(relu(linear(h, w[p + "mlp.fc1.weight"], w[p + "mlp.fc1.bias"])), w[p + "mlp.fc2.weight"],
+    h = linear(linear(h, w[p + "mlp.fc1.weight"], w[p + "mlp.fc1.bias"], relu=True), w[p + "mlp.fc2.weight"],
                w[p + "mlp.fc2.bias"])
     x = x + h
     if i in cfg.final_norm_layers:

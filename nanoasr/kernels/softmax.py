@@ -1,0 +1,72 @@
+"""Softmax over the last axis in place, one row at a time, with an exp that LLVM vectorises.
+
+Its numpy twin is `nanoasr.ops.softmax_inplace_xp` (max, subtract, exp, sum, divide: five passes over the
+scores); here numpy takes the row maxima and a row then stays in L1 for its two remaining passes. numba calls
+libm's scalar `expf`, which the loop vectoriser cannot widen, so `exp_nonpositive` is written out:
+x = n ln2 + r with |r| <= ln2/2, e^r from a degree-7 polynomial (Cephes' expf coefficients), and 2^n built
+from its exponent bits. Serial like the encoder's other kernels: it runs between BLAS GEMMs. The
+decode-attention kernel uses `exp_nonpositive` too. Compiled on first use and cached on disk.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+_LOG2E = np.float32(1.44269504088896341)
+_LN2_HI = np.float32(0.693359375)  # ln 2 = _LN2_HI + _LN2_LO; n * _LN2_HI is exact for |n| < 2^9
+_LN2_LO = np.float32(-2.12194440e-4)
+_EXP_POLY = tuple(np.float32(c) for c in (
+    1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1))
+_UNDERFLOW = np.float32(-87.3)  # below this e^x is under float32's smallest normal: 0 (also for -inf)
+
+
+@intrinsic
+def _float_from_bits(typingctx, bits):
+    """The low 32 bits of an int64 reinterpreted as float32."""
+    if bits != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.trunc(args[0], ir.IntType(32)), ir.FloatType())
+    return types.float32(bits), codegen
+
+
+@njit(cache=True, inline="always")
+def exp_nonpositive(x):  # float32 x <= 0 (a score minus its row max) -> e^x within 1 ulp; 0 below -87.3
+    n = np.floor(x * _LOG2E + np.float32(0.5))
+    r = x - n * _LN2_HI - n * _LN2_LO
+    p = _EXP_POLY[0]
+    p = p * r + _EXP_POLY[1]
+    p = p * r + _EXP_POLY[2]
+    p = p * r + _EXP_POLY[3]
+    p = p * r + _EXP_POLY[4]
+    p = p * r + _EXP_POLY[5]
+    p = p * r * r + r + np.float32(1.0)
+    scale = _float_from_bits((np.int64(max(n, np.float32(-126.0))) + 127) << 23)
+    return p * scale if x >= _UNDERFLOW else np.float32(0.0)
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _softmax_rows(x, tops):  # x [n, m] float32, overwritten row by row; tops [n] the row maxima
+    m = x.shape[1]
+    for i in range(x.shape[0]):
+        row, top = x[i], tops[i]
+        total = np.float32(0.0)
+        for j in range(m):
+            e = exp_nonpositive(row[j] - top)
+            row[j] = e
+            total += e
+        inverse = np.float32(1.0) / total
+        for j in range(m):
+            row[j] *= inverse
+
+
+def softmax_inplace(x: np.ndarray) -> np.ndarray:  # float32 [..., m], C-contiguous -> x, overwritten
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        raise ValueError(f"softmax_inplace takes C-contiguous float32; got {x.dtype}, "
+                         f"contiguous={x.flags.c_contiguous}")
+    rows = x.reshape(-1, x.shape[-1])
+    _softmax_rows(rows, rows.max(axis=1))  # numpy's maximum is vectorised; numba's is a serial chain
+    return x

@@ -1,0 +1,51 @@
+"""The softmax kernel and its exp against float64 formulas and the numpy twin."""
+import numpy as np
+import pytest
+from numba import njit
+
+from nanoasr.kernels import softmax as kernels
+from nanoasr.ops import softmax_inplace_xp
+
+
+@njit(cache=True)
+def _exp_each(x, out):
+    for i in range(x.shape[0]):
+        out[i] = kernels.exp_nonpositive(x[i])
+
+
+def test_exp_is_within_one_ulp_down_to_the_smallest_normal():
+    x = -np.linspace(0, 87.3, 1_000_003).astype(np.float32)
+    got = np.empty_like(x)
+    _exp_each(x, got)
+    ref = np.exp(x.astype(np.float64))
+    assert (np.abs(got - ref) / np.spacing(ref.astype(np.float32))).max() <= 1.0
+
+
+def test_exp_is_zero_below_the_normals_and_for_minus_infinity():
+    x = np.array([-np.inf, -1e30, -104.0, -87.5, -0.0, 0.0], np.float32)
+    got = np.empty_like(x)
+    _exp_each(x, got)
+    np.testing.assert_array_equal(got, [0, 0, 0, 0, 1, 1])
+
+
+@pytest.mark.parametrize("shape", [(4, 50, 50), (1, 3), (7, 1), (2, 3, 5, 130)])
+def test_softmax_matches_the_formula_with_masked_entries(shape):
+    rng = np.random.default_rng(shape[-1])
+    x = (rng.standard_normal(shape) * 8).astype(np.float32)
+    x[..., 1:][rng.random(x[..., 1:].shape) < 0.3] = -np.inf  # every row keeps its first entry
+    x64 = x.astype(np.float64)
+    ref = np.exp(x64 - x64.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    twin = softmax_inplace_xp(x.copy())
+    got = kernels.softmax_inplace(x)
+    assert got is x
+    np.testing.assert_allclose(got, ref, rtol=3e-6, atol=1e-30)
+    np.testing.assert_allclose(got, twin, rtol=3e-6, atol=1e-30)
+    assert (got[np.isneginf(x64)] == 0).all()
+
+
+def test_softmax_names_what_it_cannot_take():
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        kernels.softmax_inplace(np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        kernels.softmax_inplace(np.zeros((4, 3), np.float32).T)
