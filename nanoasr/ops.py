@@ -28,7 +28,7 @@ def linear(x, w, bias=None, relu=False):  # [..., in] @ W[out, in].T (+ b[out]),
 
 def _add_bias(y, bias, relu):  # y [n, out] (a fresh product, overwritten) -> y + bias, rectified if relu
     if bias is not None and array_module(y) is np and y.dtype == np.float32 and y.flags.c_contiguous:
-        from nanoasr.kernels.encoder import add_bias
+        from nanoasr.kernels.elementwise import add_bias
 
         return add_bias(y, bias, relu)  # one pass instead of two and a temporary
     return add_bias_xp(y, bias, relu)
@@ -76,7 +76,7 @@ def _widen_buffer(rows: int, cols: int) -> np.ndarray:
 
 def layer_norm(x, weight, bias, eps):  # [..., d] -> [..., d]
     if array_module(x) is np:
-        from nanoasr.kernels.encoder import layer_norm as one_pass
+        from nanoasr.kernels.elementwise import layer_norm as one_pass
 
         return one_pass(x, weight, bias, eps)
     return layer_norm_xp(x, weight, bias, eps)
@@ -91,6 +91,14 @@ def layer_norm_xp(x, weight, bias, eps):  # the array-module twin of the kernel 
 
 
 def rms_norm(x, weight, eps):  # [..., d] -> [..., d]
+    if array_module(x) is np:
+        from nanoasr.kernels.elementwise import rms_norm as one_pass
+
+        return one_pass(x, weight, eps)
+    return rms_norm_xp(x, weight, eps)
+
+
+def rms_norm_xp(x, weight, eps):  # the array-module twin of the kernel (CuPy runs it)
     xp = array_module(x)
     ms = (x * x).mean(axis=-1, keepdims=True)
     return x / xp.sqrt(ms + eps) * weight
@@ -118,9 +126,17 @@ def mask_inplace(scores, keep):  # scores [..., n, m], keep bool broadcastable t
     return scores
 
 
-def silu(x):
-    xp = array_module(x)
-    return x / (1 + xp.exp(-x))
+def swiglu(gate, up):  # silu(gate) * up; gate [..., d] is a fresh product and may be overwritten
+    if array_module(gate) is np and gate.dtype == np.float32 and gate.flags.c_contiguous:
+        from nanoasr.kernels.elementwise import swiglu as one_pass
+
+        return one_pass(gate, up)
+    return swiglu_xp(gate, up)
+
+
+def swiglu_xp(gate, up):  # the array-module twin of the kernel
+    xp = array_module(gate)
+    return gate / (1 + xp.exp(-gate)) * up
 
 
 def rope_tables(positions, head_dim: int, theta: float):  # [n] -> cos, sin [n, head_dim]

@@ -11,8 +11,7 @@ import numpy as np
 
 from nanoasr.backend import array_module
 from nanoasr.model.config import TextConfig
-from nanoasr.ops import (apply_rope, linear, mask_inplace, rms_norm, rope_tables, silu,
-                         softmax_inplace)
+from nanoasr.ops import apply_rope, linear, mask_inplace, rms_norm, rope_tables, softmax_inplace, swiglu
 from nanoasr.tensor import StoredTensor, take_rows
 
 P = "model.language_model."
@@ -106,7 +105,7 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
         attn = _prefill_attention(q, cache.k[i, rows], cache.v[i, rows], mask, group)
     x = x + linear(attn, w[p + "self_attn.o_proj.weight"])
     h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-    gated = silu(linear(h, w[p + "mlp.gate_proj.weight"])) * linear(h, w[p + "mlp.up_proj.weight"])
+    gated = swiglu(linear(h, w[p + "mlp.gate_proj.weight"]), linear(h, w[p + "mlp.up_proj.weight"]))
     return x + linear(gated, w[p + "mlp.down_proj.weight"])
 
 

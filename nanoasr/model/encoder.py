@@ -21,7 +21,7 @@ def sinusoid_positions(n: int, depth: int, xp=np):  # -> [n, depth], positions 1
 
 def fsmn(v, kernel):  # v [B, T, D] (padding zeroed), kernel [D, 1, K] -> [B, T, D]: depthwise conv + v
     if array_module(v) is np:
-        from nanoasr.kernels.encoder import fsmn as one_pass
+        from nanoasr.kernels.elementwise import fsmn as one_pass
 
         return one_pass(v, kernel)
     return fsmn_xp(v, kernel)

@@ -1,10 +1,10 @@
-"""The encoder's one-pass kernels against their numpy twins and a float64 formula."""
+"""The one-pass elementwise kernels against their numpy twins and float64 formulas."""
 import numpy as np
 import pytest
 
-from nanoasr.kernels import encoder as kernels
+from nanoasr.kernels import elementwise as kernels
 from nanoasr.model.encoder import fsmn_xp
-from nanoasr.ops import add_bias_xp, layer_norm_xp
+from nanoasr.ops import add_bias_xp, layer_norm_xp, rms_norm_xp, swiglu_xp
 
 
 @pytest.mark.parametrize("shape", [(1, 7, 512), (2, 33, 560), (3, 1024)])
@@ -56,3 +56,34 @@ def test_add_bias_equals_its_numpy_twin(relu):
     assert got is y
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1024), (8, 16, 128), (3, 7, 130)])
+def test_rms_norm_matches_the_formula(shape):
+    rng = np.random.default_rng(shape[-1])
+    x = (rng.standard_normal(shape) * 4 + 0.5).astype(np.float32)
+    weight = rng.standard_normal(shape[-1]).astype(np.float32)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * weight
+    got = kernels.rms_norm(x, weight, 1e-6)
+    assert got.dtype == np.float32 and got.shape == shape
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, rms_norm_xp(x, weight, np.float32(1e-6)), rtol=1e-5, atol=1e-6)
+    strided = np.repeat(x[..., None], 2, axis=-1)[..., 0]
+    np.testing.assert_array_equal(kernels.rms_norm(strided, weight, 1e-6), got)
+
+
+def test_swiglu_matches_the_formula_over_the_whole_range():
+    rng = np.random.default_rng(5)
+    edges = [0.0, -0.0, 30.0, -30.0, 88.0, -87.0, -100.0, 1e-30]
+    gate = np.concatenate([rng.standard_normal(4000) * 6, edges])
+    gate = gate.astype(np.float32).reshape(8, -1)
+    up = rng.standard_normal(gate.shape).astype(np.float32)
+    g64 = gate.astype(np.float64)
+    ref = g64 / (1 + np.exp(-g64)) * up
+    with np.errstate(over="ignore"):  # e^100 is inf in float32, and v / inf the right limit
+        twin = swiglu_xp(gate.copy(), up)
+    got = kernels.swiglu(gate, up)
+    assert got is gate
+    np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-38)
+    np.testing.assert_allclose(got, twin, rtol=2e-6, atol=1e-38)

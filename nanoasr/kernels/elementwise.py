@@ -1,16 +1,18 @@
-"""Serial numba loops for the elementwise stages between GEMMs: LayerNorm, the FSMN depthwise convolution,
-and a linear layer's bias (with its ReLU).
+"""Serial numba loops for the elementwise stages between GEMMs: LayerNorm and RMSNorm, the FSMN depthwise
+convolution, a linear layer's bias (with its ReLU), and SwiGLU's silu(gate) * up.
 
-Their numpy twins are `nanoasr.ops.layer_norm_xp`, `nanoasr.model.encoder.fsmn_xp` and
-`nanoasr.ops.add_bias_xp`, which make a pass over the activations (and a temporary) per operation or per tap;
-these make one. They stay serial: they run between
-BLAS GEMMs, and a numba parallel region there leaves its threads spinning on the cores BLAS needs.
-Compiled on first use and cached on disk.
+Their numpy twins are `nanoasr.ops.layer_norm_xp`, `rms_norm_xp`, `add_bias_xp`, `swiglu_xp` and
+`nanoasr.model.encoder.fsmn_xp`, which make a pass over the activations (and a temporary) per operation or
+per tap; these make one, and in decoding, where a row is short, they also save numpy's per-call overhead.
+They stay serial: they run between BLAS GEMMs, and a numba parallel region there leaves its threads spinning
+on the cores BLAS needs. Compiled on first use and cached on disk.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from nanoasr.kernels.softmax import exp_nonpositive
 
 
 @njit(cache=True, fastmath={"reassoc"})
@@ -36,6 +38,42 @@ def layer_norm(x, weight, bias, eps):  # float32 [..., d] -> [..., d]
     out = np.empty_like(rows)
     _layer_norm_rows(rows, weight, bias, np.float32(eps), out)
     return out.reshape(x.shape)
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _rms_norm_rows(x, weight, eps, out):  # x, out [n, d]
+    d = x.shape[1]
+    for r in range(x.shape[0]):
+        row = x[r]
+        squares = np.float32(0.0)
+        for c in range(d):
+            squares += row[c] * row[c]
+        denominator = np.sqrt(squares / np.float32(d) + eps)
+        for c in range(d):
+            out[r, c] = row[c] / denominator * weight[c]
+
+
+def rms_norm(x, weight, eps):  # float32 [..., d] -> [..., d]
+    rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+    out = np.empty_like(rows)
+    _rms_norm_rows(rows, np.ascontiguousarray(weight, dtype=np.float32), np.float32(eps), out)
+    return out.reshape(x.shape)
+
+
+@njit(cache=True)
+def _swiglu_rows(gate, up):  # gate, up [n, d]: gate <- silu(gate) * up
+    for r in range(gate.shape[0]):
+        g, u = gate[r], up[r]
+        for c in range(g.shape[0]):
+            v = g[c]
+            # silu(v) = v / (1 + e^-v), with the exponential of -|v| only (it cannot overflow)
+            e = exp_nonpositive(-v if v >= np.float32(0.0) else v)
+            g[c] = (v if v >= np.float32(0.0) else v * e) / (np.float32(1.0) + e) * u[c]
+
+
+def swiglu(gate, up):  # float32 [..., d] each, gate a fresh C-contiguous product (overwritten) -> gate
+    _swiglu_rows(gate.reshape(-1, gate.shape[-1]), np.ascontiguousarray(up).reshape(-1, up.shape[-1]))
+    return gate
 
 
 @njit(cache=True)
