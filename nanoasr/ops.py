@@ -148,6 +148,14 @@ def rope_tables(positions, head_dim: int, theta: float):  # [n] -> cos, sin [n, 
 
 
 def apply_rope(x, cos, sin):  # [..., n, heads, d] with cos/sin [..., n, d] -> same; rotate-half (NeoX) layout
+    if array_module(x) is np and x.dtype == np.float32:
+        from nanoasr.kernels.elementwise import apply_rope as one_pass
+
+        return one_pass(x, cos, sin)
+    return apply_rope_xp(x, cos, sin)
+
+
+def apply_rope_xp(x, cos, sin):  # the array-module twin of the kernel
     xp = array_module(x)
     half = x.shape[-1] // 2
     rotated = xp.concatenate([-x[..., half:], x[..., :half]], axis=-1)

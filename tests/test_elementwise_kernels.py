@@ -4,7 +4,7 @@ import pytest
 
 from nanoasr.kernels import elementwise as kernels
 from nanoasr.model.encoder import fsmn_xp
-from nanoasr.ops import add_bias_xp, layer_norm_xp, rms_norm_xp, swiglu_xp
+from nanoasr.ops import add_bias_xp, apply_rope_xp, layer_norm_xp, rms_norm_xp, rope_tables, swiglu_xp
 
 
 @pytest.mark.parametrize("shape", [(1, 7, 512), (2, 33, 560), (3, 1024)])
@@ -87,3 +87,15 @@ def test_swiglu_matches_the_formula_over_the_whole_range():
     assert got is gate
     np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-38)
     np.testing.assert_allclose(got, twin, rtol=2e-6, atol=1e-38)
+
+
+@pytest.mark.parametrize("batch, n, heads", [(1, 1, 16), (8, 1, 8), (1, 37, 16)])
+def test_rope_equals_its_numpy_twin(batch, n, heads):
+    """Two products and a sum per element, each rounded, as numpy does: equal values."""
+    rng = np.random.default_rng(n * heads)
+    x = rng.standard_normal((batch, n, heads, 128)).astype(np.float32)
+    positions = rng.integers(0, 4000, batch * n)
+    cos, sin = (t.reshape(batch, n, 128) for t in rope_tables(positions, 128, 1e6))
+    np.testing.assert_array_equal(kernels.apply_rope(x, cos, sin), apply_rope_xp(x, cos, sin))
+    strided = x[..., ::-1]
+    np.testing.assert_array_equal(kernels.apply_rope(strided, cos, sin), apply_rope_xp(strided, cos, sin))

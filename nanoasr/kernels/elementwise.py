@@ -1,9 +1,10 @@
 """Serial numba loops for the elementwise stages between GEMMs: LayerNorm and RMSNorm, the FSMN depthwise
-convolution, a linear layer's bias (with its ReLU), and SwiGLU's silu(gate) * up.
+convolution, a linear layer's bias (with its ReLU), SwiGLU's silu(gate) * up, and rotate-half RoPE.
 
-Their numpy twins are `nanoasr.ops.layer_norm_xp`, `rms_norm_xp`, `add_bias_xp`, `swiglu_xp` and
-`nanoasr.model.encoder.fsmn_xp`, which make a pass over the activations (and a temporary) per operation or
-per tap; these make one, and in decoding, where a row is short, they also save numpy's per-call overhead.
+Their numpy twins are `nanoasr.ops.layer_norm_xp`, `rms_norm_xp`, `add_bias_xp`, `swiglu_xp`,
+`apply_rope_xp` and `nanoasr.model.encoder.fsmn_xp`, which make a pass over the activations (and a
+temporary) per operation or per tap; these make one, and in decoding, where a row is short, they also save
+numpy's per-call overhead.
 They stay serial: they run between BLAS GEMMs, and a numba parallel region there leaves its threads spinning
 on the cores BLAS needs. Compiled on first use and cached on disk.
 """
@@ -40,7 +41,7 @@ def layer_norm(x, weight, bias, eps):  # float32 [..., d] -> [..., d]
     return out.reshape(x.shape)
 
 
-@njit(cache=True, fastmath={"reassoc"})
+@njit(cache=True, fastmath={"reassoc"}, error_model="numpy")  # numpy's: a division stays vectorisable
 def _rms_norm_rows(x, weight, eps, out):  # x, out [n, d]
     d = x.shape[1]
     for r in range(x.shape[0]):
@@ -60,15 +61,36 @@ def rms_norm(x, weight, eps):  # float32 [..., d] -> [..., d]
     return out.reshape(x.shape)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _swiglu_rows(gate, up):  # gate, up [n, d]: gate <- silu(gate) * up
     for r in range(gate.shape[0]):
         g, u = gate[r], up[r]
         for c in range(g.shape[0]):
             v = g[c]
             # silu(v) = v / (1 + e^-v), with the exponential of -|v| only (it cannot overflow)
-            e = exp_nonpositive(-v if v >= np.float32(0.0) else v)
-            g[c] = (v if v >= np.float32(0.0) else v * e) / (np.float32(1.0) + e) * u[c]
+            e = exp_nonpositive(-abs(v))
+            g[c] = (v * e if v < np.float32(0.0) else v) / (np.float32(1.0) + e) * u[c]
+
+
+@njit(cache=True)
+def _rope_rows(x, cos, sin, out):  # x, out [n, heads, d]; cos, sin [n, d]
+    half = x.shape[2] // 2
+    for p in range(x.shape[0]):
+        c, s = cos[p], sin[p]
+        for h in range(x.shape[1]):
+            row, o = x[p, h], out[p, h]
+            for i in range(half):  # x * cos + rotate_half(x) * sin: two products and a sum, each rounded
+                o[i] = row[i] * c[i] + -row[i + half] * s[i]
+            for i in range(half, 2 * half):
+                o[i] = row[i] * c[i] + row[i - half] * s[i]
+
+
+def apply_rope(x, cos, sin):  # float32 x [..., n, heads, d], cos/sin [..., n, d] -> [..., n, heads, d]
+    rows = np.ascontiguousarray(x).reshape(-1, x.shape[-2], x.shape[-1])
+    out = np.empty_like(rows)
+    _rope_rows(rows, np.ascontiguousarray(cos).reshape(-1, cos.shape[-1]),
+               np.ascontiguousarray(sin).reshape(-1, sin.shape[-1]), out)
+    return out.reshape(x.shape)
 
 
 def swiglu(gate, up):  # float32 [..., d] each, gate a fresh C-contiguous product (overwritten) -> gate
