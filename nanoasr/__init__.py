@@ -16,7 +16,8 @@ __all__ = [
 
 
 def load_model(model=None, device="cpu", threads=None, **kwargs):
-    """Load a Fun-ASR-Nano model: a local directory or .gguf, a hub id (`org/repo[@rev]`), or a package name."""
+    """Load a Fun-ASR-Nano model: a local directory or .gguf, a hub id (`org/repo[@rev]`), or a package
+    name."""
     from nanoasr.api import Model
 
     return Model.load(model, device=device, threads=threads, **kwargs)

@@ -44,7 +44,8 @@ class Options:
         if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= generate.MAX_NEW_TOKENS:
             raise OptionError(f"max_new_tokens must be between 1 and {generate.MAX_NEW_TOKENS}; "
                               f"got {self.max_new_tokens}")
-        prompt.instruction(self.language, self.itn, self.hotwords, self.context)  # validates language, hotwords
+        # validates language, hotwords
+        prompt.instruction(self.language, self.itn, self.hotwords, self.context)
 
     def prompt_options(self) -> dict:
         return dict(language=self.language, itn=self.itn, hotwords=self.hotwords, context=self.context)
@@ -95,7 +96,8 @@ class Model:
         source = dict(checkpoint.source, repo=resolved.repo, revision=resolved.revision)
         if resolved.package is not None:
             source.update(license=resolved.package.license, package=resolved.package.name)
-        return cls(Checkpoint(checkpoint.config, checkpoint.tensors, checkpoint.files, source), device, threads)
+        return cls(Checkpoint(checkpoint.config, checkpoint.tensors, checkpoint.files, source),
+                   device, threads)
 
     # --- stages (also used by the parity tests) -------------------------------------------------------
 
@@ -140,9 +142,10 @@ class Model:
             n = prompt.n_audio_tokens(feats.shape[1], options.reference)
             yield self.prompt_embeds(audio[0, :n], options)[0]
 
-    def transcribe(self, audio, *, sample_rate: int | None = None, language: str | None = None, itn: bool = True,
-                   hotwords=(), context: str | None = None, reference: str = "funasr",
-                   max_new_tokens: int | None = None, ignore_stop: bool = False, on_segment=None) -> Transcript:
+    def transcribe(self, audio, *, sample_rate: int | None = None, language: str | None = None,
+                   itn: bool = True, hotwords=(), context: str | None = None, reference: str = "funasr",
+                   max_new_tokens: int | None = None, ignore_stop: bool = False,
+                   on_segment=None) -> Transcript:
         """Transcribe a path, encoded bytes, a binary file object, or an array (with `sample_rate`).
 
         `on_segment(segment)`, when given, is called as each segment is finished, in order.
@@ -177,7 +180,8 @@ class Model:
                 spans = [(0, len(wave))] if split(wave, MAX_SEGMENT_S) else []
             else:
                 spans = [(s.start, s.end) for s in split(wave, MAX_SEGMENT_S)]
-            budgets = [options.max_new_tokens or generate.token_budget((b - a) / SAMPLE_RATE) for a, b in spans]
+            budgets = [options.max_new_tokens or generate.token_budget((b - a) / SAMPLE_RATE)
+                       for a, b in spans]
             segments, finished = [], {}
 
             def emit(item: int, g: generate.Generation):  # segments finish out of order; they go out in order

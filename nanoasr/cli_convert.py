@@ -55,7 +55,8 @@ def resolve(source: str, revision: str | None) -> tuple[Path, str | None, str | 
         try:
             local = snapshot_download(repo, revision=revision)
         except Exception as exc:  # huggingface_hub raises many kinds: offline, not found, auth, network
-            raise ModelError(f"{source}: cannot download from the hub ({type(exc).__name__}: {exc})") from None
+            raise ModelError(f"{source}: cannot download from the hub "
+                             f"({type(exc).__name__}: {exc})") from None
         return Path(local), repo, HF_CACHE_SNAPSHOT.search(Path(local).as_posix())["revision"]
     resolved = hub.resolve(f"{repo}@{revision}" if revision else repo)
     return Path(resolved.path), resolved.repo, resolved.revision

@@ -137,8 +137,8 @@ def format_text(data: dict) -> str:
     for section, body in data.items():
         lines.append(f"[{section}]")
         if section == "blas":
-            body = {f"{pool.get('internal_api')} {i}": ", ".join(f"{k}={v}" for k, v in pool.items()
-                                                                  if k != "internal_api")
+            body = {f"{pool.get('internal_api')} {i}":
+                    ", ".join(f"{k}={v}" for k, v in pool.items() if k != "internal_api")
                     for i, pool in enumerate(body)} or {"none": "threadpoolctl found no BLAS or OpenMP pool"}
         if section == "cpu":
             body = dict(body, features=" ".join(f if on else f"-{f}" for f, on in body["features"].items()))

@@ -60,8 +60,6 @@ DRAIN_FACTOR = 4  # read up to this many times the limit before answering 413, s
 SUFFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 
 
-
-
 class UploadForm:
     """Streaming multipart/form-data reader: text fields in memory, the `file` part written to a temporary
     file in `upload_dir` as it arrives. The first problem found is kept in `problem`; the caller drains the

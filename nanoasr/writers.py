@@ -49,7 +49,7 @@ def format_of(path) -> str:
     fmt = Path(path).suffix.lower().lstrip(".")
     if fmt not in FORMATS:
         raise OptionError(f"cannot tell the output format from {str(path)!r}: expected a suffix among "
-                         f"{', '.join('.' + f for f in FORMATS)}; or pass the format")
+                          f"{', '.join('.' + f for f in FORMATS)}; or pass the format")
     return fmt
 
 

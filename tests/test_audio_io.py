@@ -1,4 +1,5 @@
-"""load_audio: every accepted input kind and format against an analytic 440 Hz sine, and every rejected input."""
+"""load_audio: every accepted input kind and format against an analytic 440 Hz sine, and every rejected
+input."""
 import io
 import os
 import shutil
@@ -33,12 +34,14 @@ def write(path, wave, rate, fmt, subtype):
 def ffmpeg_encode(tmp_path, suffix, codec):
     src = write(tmp_path / "src.wav", sine(SAMPLE_RATE), SAMPLE_RATE, "WAV", "PCM_16")
     out = tmp_path / f"sine{suffix}"
-    subprocess.run([FFMPEG, "-nostdin", "-loglevel", "error", "-i", str(src), "-c:a", codec, str(out)], check=True)
+    subprocess.run([FFMPEG, "-nostdin", "-loglevel", "error", "-i", str(src), "-c:a", codec, str(out)],
+                   check=True)
     return out
 
 
 def aligned_snr_db(decoded, reference, edge=1024, max_lag=40):
-    """SNR of `decoded` against `reference` (edges left out) at the shift, within about one period, that fits best."""
+    """SNR of `decoded` against `reference` (edges left out) at the shift, within about one period, that
+    fits best."""
     core = reference[edge:-edge]
     snrs = [10 * np.log10(np.sum(core ** 2) / np.sum((decoded[edge + k:edge + k + len(core)] - core) ** 2))
             for k in range(-max_lag, max_lag + 1)]
@@ -93,8 +96,8 @@ def test_flac_is_lossless(tmp_path):
 
 
 @pytest.mark.parametrize("name, fmt, subtype, min_snr_db", [("a.ogg", "OGG", "VORBIS", 30.0),
-                                                           ("a.opus", "OGG", "OPUS", 30.0),
-                                                           ("a.mp3", "MP3", "MPEG_LAYER_III", 30.0)])
+                                                            ("a.opus", "OGG", "OPUS", 30.0),
+                                                            ("a.mp3", "MP3", "MPEG_LAYER_III", 30.0)])
 def test_lossy_codecs_keep_the_sine(tmp_path, name, fmt, subtype, min_snr_db):
     source = sine(SAMPLE_RATE)
     wave = load_audio(write(tmp_path / name, source, SAMPLE_RATE, fmt, subtype))
@@ -106,7 +109,7 @@ def test_lossy_codecs_keep_the_sine(tmp_path, name, fmt, subtype, min_snr_db):
 
 @needs_ffmpeg
 @pytest.mark.parametrize("suffix, codec, min_snr_db, padding", [(".m4a", "aac", 25.0, 1024),
-                                                                 (".webm", "libopus", 35.0, 0)])
+                                                                (".webm", "libopus", 35.0, 0)])
 def test_ffmpeg_containers_decode(tmp_path, suffix, codec, min_snr_db, padding):
     path = ffmpeg_encode(tmp_path, suffix, codec)
     source = sine(SAMPLE_RATE)
@@ -146,8 +149,9 @@ def test_path_bytes_file_object_and_array_inputs_agree(tmp_path):
     with open(path, "rb") as file:
         from_file = load_audio(file)
     int16, _ = soundfile.read(path, dtype="int16")
-    for wave in (load_audio(str(path)), load_audio(data), load_audio(bytearray(data)), load_audio(memoryview(data)),
-                 load_audio(io.BytesIO(data)), from_file, load_audio(int16, sample_rate=SAMPLE_RATE),
+    for wave in (load_audio(str(path)), load_audio(data), load_audio(bytearray(data)),
+                 load_audio(memoryview(data)), load_audio(io.BytesIO(data)), from_file,
+                 load_audio(int16, sample_rate=SAMPLE_RATE),
                  load_audio(int16.astype(np.float64) / 32768, sample_rate=SAMPLE_RATE)):
         check_output(wave)
         np.testing.assert_array_equal(wave, reference)
@@ -240,7 +244,8 @@ def test_non_finite_samples(tmp_path, bad):
         load_audio(path)
 
 
-@pytest.mark.parametrize("rate, words", [(0, "must be positive; got 0 Hz"), (-1, "must be positive; got -1 Hz"),
+@pytest.mark.parametrize("rate, words", [(0, "must be positive; got 0 Hz"),
+                                         (-1, "must be positive; got -1 Hz"),
                                          (10, "10 Hz is outside"), (10 ** 7, "10000000 Hz is outside"),
                                          (16000.0, "must be an integer"), (True, "must be an integer")])
 def test_absurd_sample_rates(rate, words):
@@ -299,7 +304,8 @@ def test_decode_failures_chain_the_library_error(wav_bytes):
 
 
 @pytest.mark.parametrize("name, fmt, subtype", [("a.wav", "WAV", "PCM_16"), ("a.flac", "FLAC", "PCM_16"),
-                                               ("a.ogg", "OGG", "VORBIS"), ("a.mp3", "MP3", "MPEG_LAYER_III")])
+                                                ("a.ogg", "OGG", "VORBIS"),
+                                                ("a.mp3", "MP3", "MPEG_LAYER_III")])
 def test_damaged_files_give_audio_or_audio_error(tmp_path, name, fmt, subtype):
     data = write(tmp_path / name, sine(SAMPLE_RATE), SAMPLE_RATE, fmt, subtype).read_bytes()
     rng = np.random.default_rng(2)

@@ -1,4 +1,5 @@
-"""Backend selection without a GPU: the CPU path is unaffected and asking for CUDA fails with one clear message."""
+"""Backend selection without a GPU: the CPU path is unaffected and asking for CUDA fails with one clear
+message."""
 import subprocess
 import sys
 
@@ -37,7 +38,7 @@ def test_cli_device_cuda_fails_with_one_line(tiny_dir, tmp_path):
 
     wav = tmp_path / "a.wav"
     soundfile.write(wav, np.zeros(16000, np.float32), 16000)
-    done = subprocess.run([sys.executable, "-m", "nanoasr", str(wav), "--model", str(tiny_dir), "--device", "cuda"],
-                          capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "nanoasr", str(wav), "--model", str(tiny_dir),
+                           "--device", "cuda"], capture_output=True, text=True)
     assert done.returncode != 0 and done.stdout == ""
     assert "device='cuda' is not available" in done.stderr and "Traceback" not in done.stderr

@@ -293,7 +293,7 @@ def test_stdin_directories_recursive_and_json_lines(audio, tiny_dir, tmp_path):
     assert done.returncode == 0, done.stderr
     docs = [json.loads(line) for line in lines(done.stdout)]
     assert [d["source"] for d in docs] == ["<stdin>", str(audio / "audio" / "one.wav"),
-                                          str(audio / "audio" / "two.flac")]  # sorted, no subdir, no .hidden
+                                           str(audio / "audio" / "two.flac")]  # sorted, no subdir, no .hidden
     check_json(docs[0], 4.0)
     assert docs[0]["segments"] == docs[2]["segments"] and docs[0]["text"] == docs[2]["text"]  # deterministic
     assert all(line.startswith("nanoasr: warning: ") for line in lines(done.stderr))  # no progress when piped
@@ -398,8 +398,8 @@ def test_readme_tour_commands(tiny_dir, tmp_path):
         assert done.returncode == 0, (command, done.stderr.decode())
         assert done.stdout.strip(), command
     assert (tmp_path / "subs" / "talk.srt").is_file()
-    assert {p.name for p in (tmp_path / "out").rglob("*.*")} == {f"{s}.{f}" for s in "ab"
-                                                               for f in ("txt", "json", "srt", "vtt", "tsv")}
+    assert {p.name for p in (tmp_path / "out").rglob("*.*")} == {
+        f"{s}.{f}" for s in "ab" for f in ("txt", "json", "srt", "vtt", "tsv")}
 
     (python,) = readme_blocks("python")
     assert "nanoasr.load_model()" in python

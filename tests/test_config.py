@@ -9,16 +9,18 @@ from nanoasr.model import config as cm
 from nanoasr.model.weights import load_config
 
 NESTED = {
-    "audio_config": {"hidden_size": 512, "num_attention_heads": 4, "intermediate_size": 2048, "num_hidden_layers": 70,
-                     "num_timestamp_prediction_layers": 20, "fsmn_kernel_size": 11, "layer_norm_eps": 1e-5,
-                     "hidden_act": "relu", "num_mel_bins": 80, "num_stacked_frames": 7},
-    "adaptor_config": {"hidden_size": 1024, "intermediate_size": 256, "num_attention_heads": 8, "num_hidden_layers": 2,
-                       "projector_hidden_size": 2048, "layer_norm_eps": 1e-5, "hidden_act": "relu",
-                       "projector_hidden_act": "relu"},
-    "text_config": {"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-                    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
-                    "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "hidden_act": "silu",
-                    "tie_word_embeddings": True, "max_position_embeddings": 40960},
+    "audio_config": {"hidden_size": 512, "num_attention_heads": 4, "intermediate_size": 2048,
+                     "num_hidden_layers": 70, "num_timestamp_prediction_layers": 20, "fsmn_kernel_size": 11,
+                     "layer_norm_eps": 1e-5, "hidden_act": "relu", "num_mel_bins": 80,
+                     "num_stacked_frames": 7},
+    "adaptor_config": {"hidden_size": 1024, "intermediate_size": 256, "num_attention_heads": 8,
+                       "num_hidden_layers": 2, "projector_hidden_size": 2048, "layer_norm_eps": 1e-5,
+                       "hidden_act": "relu", "projector_hidden_act": "relu"},
+    "text_config": {"vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
+                    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+                    "head_dim": 128, "rms_norm_eps": 1e-6,
+                    "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+                    "hidden_act": "silu", "tie_word_embeddings": True, "max_position_embeddings": 40960},
     "audio_token_id": 151646,
     "tie_word_embeddings": True,
 }

@@ -80,7 +80,8 @@ TORCHAUDIO = __import__("conftest").ROOT / "tests" / "fixtures" / "frontend_torc
 
 @pytest.mark.parametrize("reference", ["transformers", "funasr"])
 def test_fbank_matches_pinned_torchaudio(reference):
-    """torchaudio.compliance.kaldi.fbank values (tools/reference/frontend.py), as both references compute them.
+    """torchaudio.compliance.kaldi.fbank values (tools/reference/frontend.py), as both references compute
+    them.
 
     Mel bins more than 70 dB below their frame's strongest bin may differ more: their power is below a float32
     FFT's rounding level, so neither implementation's value there means anything beyond being that quiet.

@@ -16,7 +16,7 @@ def test_loop_guard_cuts_a_looping_tail_and_keeps_one_copy():
     ids = text + loop * 12
     cut = loop_start(ids)
     assert cut is not None and ids[:cut] == text + loop
-    assert loop_start(text + [5] * 40)  == len(text) + 1
+    assert loop_start(text + [5] * 40) == len(text) + 1
 
 
 def test_loop_guard_leaves_short_natural_repeats_alone():

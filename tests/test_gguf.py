@@ -274,8 +274,8 @@ def test_layout_without_nanoasr_keys_loads_with_the_assumed_fields_listed(checkp
 def test_layout_with_an_embedded_config_reads_it(checkpoint, tmp_path):
     embedded = config_json(checkpoint.config)
     path = tmp_path / "embedded.gguf"
-    write_layout(path, widened(checkpoint), extra=[("other.config", embedded),
-                                                  ("other.tokenizer", checkpoint.files["tokenizer.json"])])
+    write_layout(path, widened(checkpoint),
+                 extra=[("other.config", embedded), ("other.tokenizer", checkpoint.files["tokenizer.json"])])
     back = ours.read(path)
     assert back.config == checkpoint.config and back.files["config.json"] == embedded
 
@@ -476,4 +476,5 @@ def test_committed_fixture_round_trip(tmp_path, target):
         if target in ("f32", "bf16") or got.dtype == "f32":
             np.testing.assert_array_equal(restored, t.numpy(), err_msg=row["name"])
     tokens = json.loads(source.files["tokenizer.json"])["added_tokens"]
-    assert any(a["content"] == "<|object_ref_start|>" and a["id"] == back.config.audio_token_id for a in tokens)
+    assert any(a["content"] == "<|object_ref_start|>" and a["id"] == back.config.audio_token_id
+               for a in tokens)

@@ -60,7 +60,8 @@ def test_ten_minute_recording(tiny_model):
     for s in segments:  # the text holds each segment's text, in order
         position = transcript.text.index(s.text.strip(), position) + len(s.text.strip())
     stages = {k: v for k, v in transcript.timings.items() if k != "total"}
-    assert min(stages.values()) >= 0 and sum(stages.values()) <= transcript.timings["total"]  # summed over batches
+    # summed over batches
+    assert min(stages.values()) >= 0 and sum(stages.values()) <= transcript.timings["total"]
 
 
 def test_silence_gives_no_segments(tiny_model):

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_hub import CONFIG, GGUF_OLD, NEW, OLD, FakeHub, fake_hub, hf_env, sha256  # noqa: F401  (fixtures)
+from test_hub import CONFIG, GGUF_OLD, NEW, OLD, FakeHub, sha256
 
 from nanoasr import cli, doctor
 
+pytest_plugins = ["test_hub"]  # its fixtures fake_hub and hf_env
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -168,7 +169,7 @@ def test_real_package_through_a_fresh_process(tmp_path):
         model = json.loads(report.stdout)["model"]
         assert report.returncode == 0 and model["resolved"] and model["path"] == str(path)
         assert (model["repo"], model["revision"], model["license"]) == (package.repo, package.revision,
-                                                                          package.license)
+                                                                        package.license)
     finally:
         server.server.shutdown()
         server.server.server_close()

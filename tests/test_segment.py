@@ -17,7 +17,8 @@ def envelope(t, rate, phase, low=0.35):  # [T] -> [T] syllable-like amplitude, `
     return low + (1 - low) * np.abs(np.sin(np.pi * rate * t + phase))
 
 
-def harmonics(phase, count=8):  # [T] -> [T] sum of sin(k phase) / k, by the recurrence sin((k+1)x) = 2cos(x)sin(kx) - sin((k-1)x)
+def harmonics(phase, count=8):  # [T] -> [T] sum of sin(k phase) / k
+    # by the recurrence sin((k+1)x) = 2cos(x)sin(kx) - sin((k-1)x)
     two_cos = 2 * np.cos(phase)
     previous, current = np.zeros_like(phase), np.sin(phase)
     total = current.copy()
@@ -274,7 +275,8 @@ def test_espeak_speech(tmp_path):
     parts = [espeak(s, tmp_path, f"s{i}") for i, s in enumerate(sentences)]
     rng = np.random.default_rng(7)
     silence = np.zeros(4 * SR, dtype=np.float32)
-    wave = np.concatenate([silence, parts[0], silence, parts[1], np.zeros(SR // 2, np.float32), parts[2], silence])
+    wave = np.concatenate([silence, parts[0], silence, parts[1], np.zeros(SR // 2, np.float32), parts[2],
+                           silence])
     wave += rng.normal(scale=NOISE_RMS, size=len(wave)).astype(np.float32)
     spans = split(wave)
     check_layout(spans, len(wave), 30.0)

@@ -340,7 +340,7 @@ def test_openapi_schema_no_server_errors(server):
     schema = schemathesis.openapi.from_url(server + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {(op.method, op.path) for op in operations} >= {("post", "/v1/audio/transcriptions"),
-                                                            ("get", "/v1/models"), ("get", "/health")}
+                                                           ("get", "/v1/models"), ("get", "/health")}
     calls = []
     for op in operations:
         modes = [schemathesis.GenerationMode.POSITIVE]

@@ -14,8 +14,10 @@ from nanoasr.tensor import StoredTensor, bf16_to_f32, dense
 
 SMALL = cm.Config(
     audio=cm.AudioConfig(hidden_size=8, num_attention_heads=2, intermediate_size=16, num_hidden_layers=5,
-                         num_timestamp_prediction_layers=2, fsmn_kernel_size=3, num_mel_bins=2, num_stacked_frames=7),
-    adaptor=cm.AdaptorConfig(hidden_size=8, num_attention_heads=2, intermediate_size=2, projector_hidden_size=12),
+                         num_timestamp_prediction_layers=2, fsmn_kernel_size=3, num_mel_bins=2,
+                         num_stacked_frames=7),
+    adaptor=cm.AdaptorConfig(hidden_size=8, num_attention_heads=2, intermediate_size=2,
+                             projector_hidden_size=12),
     text=cm.TextConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
                        num_attention_heads=2, num_key_value_heads=1, head_dim=4),
     audio_token_id=30,
@@ -45,12 +47,14 @@ def funasr_name(name):
     if m:
         i, tail = int(m.group(1)), m.group(2)
         if tail.startswith("final_layernorm."):
-            return ("audio_encoder.after_norm." if i == n_main - 1 else "audio_encoder.tp_norm.") + tail.split(".")[-1]
+            return (("audio_encoder.after_norm." if i == n_main - 1 else "audio_encoder.tp_norm.")
+                    + tail.split(".")[-1])
         block = ("audio_encoder.encoders0.0" if i == 0 else f"audio_encoder.encoders.{i - 1}" if i < n_main
                  else f"audio_encoder.tp_encoders.{i - n_main}")
         tail = (tail.replace("input_layernorm", "norm1").replace("post_attention_layernorm", "norm2")
                 .replace("mlp.fc1", "feed_forward.w_1").replace("mlp.fc2", "feed_forward.w_2")
-                .replace("self_attn.o_proj", "self_attn.linear_out").replace("self_attn.fsmn.conv", "self_attn.fsmn_block"))
+                .replace("self_attn.o_proj", "self_attn.linear_out")
+                .replace("self_attn.fsmn.conv", "self_attn.fsmn_block"))
         return f"{block}.{tail}"
     m = re.match(r"model\.multi_modal_projector\.layers\.(\d+)\.(.+)$", name)
     if m:
@@ -95,10 +99,11 @@ def test_older_hub_layout_maps_onto_logical_names():
                 which = "layer_norm" if i == n_main - 1 else "timestamp_prediction_layer_norm"
                 old[f"model.audio_tower.{which}.{tail.split('.')[-1]}"] = t
                 continue
-            tail = (tail.replace("input_layernorm", "self_attn_layer_norm").replace("post_attention_layernorm",
-                    "final_layer_norm").replace("mlp.", "").replace("self_attn.fsmn", "fsmn")
-                    .replace("o_proj", "out_proj"))
-            block = "stem" if i == 0 else f"layers.{i - 1}" if i < n_main else f"timestamp_prediction_layers.{i - n_main}"
+            tail = (tail.replace("input_layernorm", "self_attn_layer_norm")
+                    .replace("post_attention_layernorm", "final_layer_norm").replace("mlp.", "")
+                    .replace("self_attn.fsmn", "fsmn").replace("o_proj", "out_proj"))
+            block = ("stem" if i == 0 else f"layers.{i - 1}" if i < n_main
+                     else f"timestamp_prediction_layers.{i - n_main}")
             old[f"model.audio_tower.{block}.{tail}"] = t
         elif name.startswith("model.multi_modal_projector.layers."):
             old[name.replace(".layers.", ".blocks.").replace("input_layernorm", "self_attn_layer_norm")
@@ -123,7 +128,8 @@ def test_validation_names_tensor_expected_and_found():
     with pytest.raises(ModelError, match=r"norm\.weight: expected shape \[8\], found \[7\]"):
         validate(wrong, SMALL, "ckpt")
     quantized_norm = dict(tensors)
-    quantized_norm["model.language_model.norm.weight"] = StoredTensor(np.zeros((1, 34), np.uint8), "q8_0", (8,))
+    quantized_norm["model.language_model.norm.weight"] = StoredTensor(
+        np.zeros((1, 34), np.uint8), "q8_0", (8,))
     with pytest.raises(ModelError, match="expected a float type"):
         validate(quantized_norm, SMALL, "ckpt")
     extra = dict(tensors, **{"model.something.else": dense(np.zeros(3, np.float32))})
@@ -133,8 +139,8 @@ def test_validation_names_tensor_expected_and_found():
 
 def test_reader_matches_the_safetensors_package(tmp_path):
     rng = np.random.default_rng(1)
-    arrays = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float16),
-              "empty": np.zeros((0, 4), np.float32)}
+    arrays = {"a": rng.standard_normal((3, 5)).astype(np.float32),
+              "b": rng.standard_normal(7).astype(np.float16), "empty": np.zeros((0, 4), np.float32)}
     path = tmp_path / "m.safetensors"
     save_file(arrays, str(path))
     ours = st.read(path)

@@ -99,7 +99,8 @@ def child_nanoasr(args) -> dict:
 
 
 def stage_times(model, threads: int) -> dict:
-    """Frontend on 60 s (one thread), encoder + adaptor on 30 s, prefill of 196 positions (the 10 s prompt)."""
+    """Frontend on 60 s (one thread), encoder + adaptor on 30 s, prefill of 196 positions (the 10 s
+    prompt)."""
     import numpy as np
     from threadpoolctl import threadpool_limits
 
@@ -224,18 +225,21 @@ def machine() -> dict:
 
     info = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
     try:
-        model = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+        model = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                 if line.startswith("model name")]
         info["cpu"] = model[0] if model else platform.processor()
     except OSError:
         info["cpu"] = platform.processor()
-    info["blas"] = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}" for i in threadpool_info()]
+    info["blas"] = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}"
+                    for i in threadpool_info()]
     return info
 
 
 COLUMNS = (  # (header, keys tried in order)
     ("load s", ("load_s",)), ("first-run extra s", ("first_run_extra_s",)),
     ("frontend 60 s, 1 thread ms", ("frontend_60s_1thread_ms",)),
-    ("encoder+adaptor 10 s ms", ("encoder_adaptor_ms",)), ("encoder+adaptor 30 s ms", ("encoder_adaptor_30s_ms",)),
+    ("encoder+adaptor 10 s ms", ("encoder_adaptor_ms",)),
+    ("encoder+adaptor 30 s ms", ("encoder_adaptor_30s_ms",)),
     ("prefill 196 ms", ("prefill196_ms",)), ("decode ms/token", ("decode_ms_per_token",)),
     ("step ctx 64 ms", ("step_ms_ctx64_b1",)), ("step ctx 512 ms", ("step_ms_ctx512_b1",)),
     ("batch-8 throughput x", ("batch8_speedup",)), ("RTF 10 s", ("rtf",)), ("RTF long", ("long_rtf",)),
@@ -255,8 +259,8 @@ def _fmt(v) -> str:
 
 def report(results: dict, args) -> str:
     lines = ["# Performance", "", f"Produced by `python tools/bench.py {' '.join(sys.argv[1:])}` "
-             f"({args.threads} threads, {args.seconds} s of speech-like audio with {args.tokens} tokens forced, "
-             f"`{args.reference}` profile, OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset).", "",
+             f"({args.threads} threads, {args.seconds} s of speech-like audio with {args.tokens} tokens "
+             f"forced, `{args.reference}` profile, OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset).", "",
              f"Machine: {results['machine']}", "",
              "| run | " + " | ".join(h for h, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     for name, r in results["runs"].items():
@@ -278,7 +282,8 @@ def report(results: dict, args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _stored_type(name: str) -> str:  # "nanoasr model-q8_0.gguf" / "llama.cpp decoder qwen3-q8_0.gguf" -> "q8_0"
+def _stored_type(name: str) -> str:
+    # "nanoasr model-q8_0.gguf" / "llama.cpp decoder qwen3-q8_0.gguf" -> "q8_0"
     stem = Path(name.split()[-1]).stem
     return stem.rsplit("-", 1)[-1] if "-" in stem else stem
 
@@ -306,16 +311,21 @@ def ratios(runs: dict) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("child", nargs="*", help=argparse.SUPPRESS)
-    parser.add_argument("--model", action="append", default=[], help="nanoasr checkpoint dir or .gguf (repeat)")
-    parser.add_argument("--transformers", default=None, help="the same checkpoint dir, run through Transformers")
+    parser.add_argument("--model", action="append", default=[],
+                        help="nanoasr checkpoint dir or .gguf (repeat)")
+    parser.add_argument("--transformers", default=None,
+                        help="the same checkpoint dir, run through Transformers")
     parser.add_argument("--llama-gguf", action="append", default=[],
-                        help="a stock qwen3 GGUF of the same decoder (repeat; nanoasr convert --export-qwen3-gguf)")
+                        help="a stock qwen3 GGUF of the same decoder "
+                             "(repeat; nanoasr convert --export-qwen3-gguf)")
     parser.add_argument("--llama-python", default=sys.executable, help="the Python that has llama-cpp-python")
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=40)
-    parser.add_argument("--long-seconds", type=int, default=0, help="also time this much long audio (segments)")
+    parser.add_argument("--long-seconds", type=int, default=0,
+                        help="also time this much long audio (segments)")
     parser.add_argument("--long-model", default=None, help="run the long audio on this --model only")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))

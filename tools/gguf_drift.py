@@ -52,7 +52,8 @@ def child(model_path: str, out_prefix: str, forced: str | None) -> dict:
 
 def run_child(model_path: Path, prefix: Path, forced: Path | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-    cmd = [sys.executable, __file__, "--child", str(model_path), str(prefix)] + ([str(forced)] if forced else [])
+    cmd = ([sys.executable, __file__, "--child", str(model_path), str(prefix)]
+           + ([str(forced)] if forced else []))
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{model_path}: {done.stderr[-2000:]}")
@@ -76,8 +77,9 @@ def main() -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     source = Path(args.checkpoint)
-    rows = {"bf16 safetensors": dict(run_child(source, work / "bf16", None),
-                                     size_mb=sum(f.stat().st_size for f in source.glob("*.safetensors")) / 2**20)}
+    rows = {"bf16 safetensors": dict(
+        run_child(source, work / "bf16", None),
+        size_mb=sum(f.stat().st_size for f in source.glob("*.safetensors")) / 2**20)}
     base_prefill, base_top1 = np.load(work / "bf16.prefill.npy"), np.load(work / "bf16.top1.npy")
     for target in TYPES:
         path = work / f"model-{target}.gguf"
@@ -87,14 +89,15 @@ def main() -> int:
         prefill = np.load(work / f"{target}.prefill.npy")
         top1 = np.load(work / f"{target}.top1.npy")
         result.update(size_mb=path.stat().st_size / 2**20,
-                      prefill_rel_err=float(np.linalg.norm(prefill - base_prefill) / np.linalg.norm(base_prefill)),
+                      prefill_rel_err=float(np.linalg.norm(prefill - base_prefill)
+                                            / np.linalg.norm(base_prefill)),
                       top1_agreement=float((top1 == base_top1).mean()))
         rows[f"{target} gguf"] = result
     lines = ["# GGUF drift", "",
-             f"Produced by `python tools/gguf_drift.py {' '.join(sys.argv[1:])}`: {SECONDS} s of speech-like audio, "
-             f"funasr profile, {STEPS} decode steps forced along the BF16 path's greedy ids, 2 threads (checkpoint "
-             "and files: [README.md](README.md)). The weights are random, not trained: drift on the real "
-             "checkpoint is not measured here.", "",
+             f"Produced by `python tools/gguf_drift.py {' '.join(sys.argv[1:])}`: {SECONDS} s of speech-like "
+             f"audio, funasr profile, {STEPS} decode steps forced along the BF16 path's greedy ids, "
+             "2 threads (checkpoint and files: [README.md](README.md)). The weights are random, not "
+             "trained: drift on the real checkpoint is not measured here.", "",
              "| model | file MB | load s | peak RSS MB | prefill logits rel. error | top-1 agreement |",
              "|---|---|---|---|---|---|"]
     for name, r in rows.items():

@@ -1,6 +1,7 @@
 """nanoasr's Q4_K / Q6_K quantizers against llama.cpp's own, on the same tensors: docs/reports/quant_error.md.
 
-    python tools/quant_error.py CHECKPOINT_DIR --llama-python PY --work DIR [--report docs/reports/quant_error.md]
+    python tools/quant_error.py CHECKPOINT_DIR --llama-python PY --work DIR
+                                [--report docs/reports/quant_error.md]
 
 The decoder is exported as a stock qwen3 GGUF in F32, llama.cpp quantizes it to Q4_K_M
 (`llama_model_quantize` through llama-cpp-python, run by the interpreter PY, which has it installed),
@@ -61,16 +62,17 @@ def main() -> int:
         ours = dequantize(quantize(x, kind), t.tensor_type).reshape(x.shape)
         rows.append((t.name, kind, rel_rms(x, theirs), rel_rms(x, ours)))
     lines = ["# Quantizer error: nanoasr vs llama.cpp", "",
-             f"Produced by `python tools/quant_error.py {' '.join(sys.argv[1:])}`: every tensor llama.cpp's "
-             "Q4_K_M quantizer stored as Q4_K or Q6_K, quantized again by nanoasr to the same type; relative RMS "
-             "error of each after the gguf package's dequantizer.", ""]
+             f"Produced by `python tools/quant_error.py {' '.join(sys.argv[1:])}`: every tensor "
+             "llama.cpp's Q4_K_M quantizer stored as Q4_K or Q6_K, quantized again by nanoasr to the same "
+             "type; relative RMS error of each after the gguf package's dequantizer.", ""]
     for kind in ("q4_k", "q6_k"):
         picked = [r for r in rows if r[1] == kind]
         if picked:
             ratios = np.array([r[3] / r[2] for r in picked])
             lines.append(f"- {kind}: {len(picked)} tensors; error ratio nanoasr / llama.cpp: median "
                          f"{np.median(ratios):.4f}, worst {ratios.max():.4f}")
-    lines += ["", "| tensor | type | llama.cpp rel. RMS | nanoasr rel. RMS | ratio |", "|---|---|---|---|---|"]
+    lines += ["", "| tensor | type | llama.cpp rel. RMS | nanoasr rel. RMS | ratio |",
+              "|---|---|---|---|---|"]
     lines += [f"| {name} | {kind} | {a:.5f} | {b:.5f} | {b / a:.4f} |" for name, kind, a, b in rows]
     Path(args.report).parent.mkdir(parents=True, exist_ok=True)
     Path(args.report).write_text("\n".join(lines) + "\n")

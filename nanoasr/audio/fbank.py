@@ -29,7 +29,7 @@ def _mel(hz):
 
 
 @lru_cache(maxsize=1)
-def mel_banks() -> np.ndarray:  # -> [80, 257] float32, triangles in mel space over FFT bins as Kaldi builds them
+def mel_banks() -> np.ndarray:  # -> [80, 257] float32, mel-space triangles over FFT bins as Kaldi builds them
     fft_mel = _mel(np.arange(N_FFT // 2) * (SAMPLE_RATE / N_FFT))  # Kaldi leaves the Nyquist bin at 0
     lo, hi = _mel(LOW_HZ), _mel(HIGH_HZ)
     delta = (hi - lo) / (N_MELS + 1)

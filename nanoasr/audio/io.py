@@ -28,7 +28,8 @@ INSTALL_FFMPEG = "install ffmpeg (apt install ffmpeg / brew install ffmpeg)"
 
 # Leading bytes of containers, for messages: which format a failed input claims to be.
 MAGIC = ((8, b"WAVE", "WAV"), (0, b"RF64", "WAV"), (0, b"fLaC", "FLAC"), (0, b"OggS", "OGG"),
-         (0, b"ID3", "MP3"), (0, b"FORM", "AIFF"), (4, b"ftyp", "MP4/M4A"), (0, b"\x1aE\xdf\xa3", "WebM/Matroska"))
+         (0, b"ID3", "MP3"), (0, b"FORM", "AIFF"), (4, b"ftyp", "MP4/M4A"),
+         (0, b"\x1aE\xdf\xa3", "WebM/Matroska"))
 FFMPEG_ONLY = {"MP4/M4A", "WebM/Matroska", "AAC"}
 FFMPEG_SUFFIXES = {".m4a", ".mp4", ".m4b", ".mov", ".webm", ".mkv", ".aac", ".wma", ".amr", ".3gp", ".ac3"}
 

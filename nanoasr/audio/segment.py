@@ -144,11 +144,13 @@ def split(wave, max_s: float = 30.0, sample_rate: int = SAMPLE_RATE) -> list[Spa
     """The speech spans of `wave` ([N] float mono), in order, each at most `max_s` seconds long."""
     wave = np.asarray(wave)
     if wave.ndim != 1 or not np.issubdtype(wave.dtype, np.floating):
-        raise AudioError(f"segmenting expects a 1-D float mono waveform, got {wave.dtype} of shape {wave.shape}")
+        raise AudioError(f"segmenting expects a 1-D float mono waveform, got {wave.dtype} "
+                         f"of shape {wave.shape}")
     if not np.all(np.isfinite(wave)):
         raise AudioError("segmenting expects finite samples, got NaN or infinity")
     if not (sample_rate > 0 and max_s * sample_rate >= 1):
-        raise OptionError(f"max_s and sample_rate must be positive, got max_s={max_s}, sample_rate={sample_rate}")
+        raise OptionError(f"max_s and sample_rate must be positive, got max_s={max_s}, "
+                          f"sample_rate={sample_rate}")
     frame, hop = round(FRAME_S * sample_rate), round(HOP_S * sample_rate)
     if len(wave) < frame:
         return []

@@ -43,7 +43,8 @@ def read(path: str | Path) -> dict[str, StoredTensor]:
     header, start = read_header(path)
     size = path.stat().st_size
     data_bytes = size - start
-    mapped = np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=(data_bytes,)) if data_bytes else None
+    mapped = (np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=(data_bytes,))
+              if data_bytes else None)
     tensors = {}
     for name, info in header.items():
         try:
@@ -51,7 +52,8 @@ def read(path: str | Path) -> dict[str, StoredTensor]:
         except (KeyError, TypeError, ValueError):
             raise ModelError(f"{path}: tensor {name}: malformed header entry {info!r}") from None
         if dtype_name not in DTYPES:
-            raise ModelError(f"{path}: tensor {name}: dtype {dtype_name} is not supported (expected F32, F16 or BF16)")
+            raise ModelError(f"{path}: tensor {name}: dtype {dtype_name} is not supported "
+                             "(expected F32, F16 or BF16)")
         np_dtype, stored = DTYPES[dtype_name]
         expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(np_dtype).itemsize
         if not (0 <= begin <= end <= data_bytes) or end - begin != expected:
@@ -80,7 +82,8 @@ def read_checkpoint_dir(directory: Path) -> dict[str, StoredTensor]:
             tensors.update(read(shard_path))
         missing = sorted(set(weight_map) - set(tensors))
         if missing:
-            raise ModelError(f"{index}: {len(missing)} tensors listed but absent from the shards, e.g. {missing[0]}")
+            raise ModelError(f"{index}: {len(missing)} tensors listed but absent from the shards, "
+                             f"e.g. {missing[0]}")
         return tensors
     single = directory / "model.safetensors"
     if not single.exists():

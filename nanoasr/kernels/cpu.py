@@ -333,6 +333,7 @@ def _w_q4_k(builder, blk):
     sc, mn = _scales_mins(builder, _vec_at(builder, blk, 4, _I8, 16))
     scf = builder.fmul(builder.uitofp(sc, v8), _lanes(builder, dm, [0] * 8))
     mnf = builder.fmul(builder.uitofp(mn, v8), _lanes(builder, dm, [1] * 8))
+
     def groups():
         for c in range(4):
             wide = [builder.zext(_vec_at(builder, blk, 16 + 32 * c + 16 * k, _I8, 16), i32x16)
@@ -351,6 +352,7 @@ def _w_q6_k(builder, blk):
     d = _halfs(builder, blk, 194)  # the 8 f16 ending the block: d is the last
     scales = builder.sitofp(_vec_at(builder, blk, 192, _I8, 16), _V16)
     scf = builder.fmul(scales, _lanes(builder, d, [7] * 16))
+
     def groups():
         for h in range(2):
             qh = _vec_at(builder, blk, 128 + 32 * h, _I8, 32)

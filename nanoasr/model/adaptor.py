@@ -18,7 +18,8 @@ def adaptor_block(x, w, i, cfg: AdaptorConfig, mask, eps):  # [B, T, 1024] -> [B
                       w[p + "mlp.fc2.weight"], w[p + "mlp.fc2.bias"])
 
 
-def adapt(enc, mask, w, cfg: AdaptorConfig, eps: float, taps=None):  # [B, T, 512], mask [B, T] -> [B, T, 1024]
+def adapt(enc, mask, w, cfg: AdaptorConfig, eps: float,
+          taps=None):  # [B, T, 512], mask [B, T] -> [B, T, 1024]
     """`eps` is the profile's LayerNorm eps (1e-12 funasr, the config's value for transformers)."""
     x = linear(linear(enc, w[P + "linear_1.weight"], w[P + "linear_1.bias"], relu=True),
                w[P + "linear_2.weight"], w[P + "linear_2.bias"])

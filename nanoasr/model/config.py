@@ -156,12 +156,16 @@ def check(config: Config, where: str) -> None:
     """Reject configs the engine cannot run, with the field, the expected and the found value."""
     a, p, t = config.audio, config.adaptor, config.text
     rules = [
-        (a.hidden_act in ACTIVATIONS, f"audio_config.hidden_act must be one of {ACTIVATIONS}, found {a.hidden_act!r}"),
-        (p.hidden_act in ACTIVATIONS, f"adaptor_config.hidden_act must be one of {ACTIVATIONS}, found {p.hidden_act!r}"),
+        (a.hidden_act in ACTIVATIONS,
+         f"audio_config.hidden_act must be one of {ACTIVATIONS}, found {a.hidden_act!r}"),
+        (p.hidden_act in ACTIVATIONS,
+         f"adaptor_config.hidden_act must be one of {ACTIVATIONS}, found {p.hidden_act!r}"),
         (p.projector_hidden_act in ACTIVATIONS,
-         f"adaptor_config.projector_hidden_act must be one of {ACTIVATIONS}, found {p.projector_hidden_act!r}"),
+         f"adaptor_config.projector_hidden_act must be one of {ACTIVATIONS}, "
+         f"found {p.projector_hidden_act!r}"),
         (t.hidden_act in TEXT_ACTIVATIONS, f"text_config.hidden_act must be 'silu', found {t.hidden_act!r}"),
-        (t.tie_word_embeddings, "tie_word_embeddings must be true (Fun-ASR-Nano ties the LM head to the embeddings)"),
+        (t.tie_word_embeddings,
+         "tie_word_embeddings must be true (Fun-ASR-Nano ties the LM head to the embeddings)"),
         (a.hidden_size % a.num_attention_heads == 0,
          f"audio hidden_size {a.hidden_size} is not divisible by {a.num_attention_heads} heads"),
         (p.hidden_size % p.num_attention_heads == 0,

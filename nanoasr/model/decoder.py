@@ -19,7 +19,8 @@ EMBED = P + "embed_tokens.weight"
 
 
 class KVCache:
-    """k, v: [layers, batch, kv_heads, capacity, head_dim] float32; lengths: filled positions per batch row."""
+    """k, v: [layers, batch, kv_heads, capacity, head_dim] float32;
+    lengths: filled positions per batch row."""
 
     def __init__(self, cfg: TextConfig, batch: int, capacity: int, xp=np):
         shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, capacity, cfg.head_dim)
@@ -76,7 +77,8 @@ def _prefill_attention(q, keys, values, mask, group):  # q [B, n, heads, hd], ca
     kvh, m = keys.shape[1], mask.shape[-1]
     keys, values = keys[:, :, :m], values[:, :, :m]  # [B, kvh, m, hd]
     # the query heads sharing a kv head become one [g*n, hd] matrix, so each product is one plain GEMM
-    q = xp.ascontiguousarray((q * np.float32(hd ** -0.5)).reshape(b, n, kvh, group, hd).transpose(0, 2, 3, 1, 4))
+    q = xp.ascontiguousarray((q * np.float32(hd ** -0.5)).reshape(b, n, kvh, group, hd)
+                             .transpose(0, 2, 3, 1, 4))
     scores = (q.reshape(b, kvh, group * n, hd) @ xp.swapaxes(keys, -1, -2)).reshape(b, kvh, group, n, m)
     probs = softmax_inplace(mask_inplace(scores, mask[:, None, None]))
     attn = probs.reshape(b, kvh, group * n, m) @ values  # [B, kvh, g*n, hd]
@@ -118,7 +120,8 @@ def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start):  # [B, n
     cos, sin = rope_tables(xp.asarray(positions.reshape(-1)), cfg.head_dim, cfg.rope_theta)
     rope = (cos.reshape(b, n, -1), sin.reshape(b, n, -1))
     key_positions = np.arange(int(positions.max()) + 1)
-    mask = xp.asarray(key_positions[None, None, :] <= positions[:, :, None])  # [B, n, m] causal + per-row length
+    # [B, n, m] causal + per-row length
+    mask = xp.asarray(key_positions[None, None, :] <= positions[:, :, None])
     for i in range(cfg.num_hidden_layers):
         x = decoder_layer(x, w, i, cfg, cache, rows, start, rope, mask)
     cache.lengths[rows] = positions[:, -1] + 1

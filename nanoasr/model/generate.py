@@ -17,7 +17,8 @@ from nanoasr.model.config import TextConfig
 from nanoasr.model.decoder import KVCache
 
 MAX_NEW_TOKENS = 512  # hard cap per segment
-# A loop is the tail repeating a pattern of `period` tokens at least max(MIN_REPEATS, LOOP_TOKENS / period) times.
+# A loop is the tail repeating a pattern of `period` tokens at least
+# max(MIN_REPEATS, LOOP_TOKENS / period) times.
 MAX_PERIOD, MIN_REPEATS, LOOP_TOKENS = 50, 3, 32
 
 

@@ -22,7 +22,8 @@ class Tokenizer:
             if ids[token] is None:
                 raise ModelError(f"{where}: special token {token} is missing")
         if ids[AUDIO] != audio_token_id:
-            raise ModelError(f"{where}: {AUDIO} has id {ids[AUDIO]} but config audio_token_id is {audio_token_id}")
+            raise ModelError(f"{where}: {AUDIO} has id {ids[AUDIO]} "
+                             f"but config audio_token_id is {audio_token_id}")
         self.im_end, self.end_of_text, self.audio = ids[IM_END], ids[END_OF_TEXT], ids[AUDIO]
         self.stop_ids = (self.im_end, self.end_of_text)
 

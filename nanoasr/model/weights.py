@@ -80,17 +80,21 @@ def validate(tensors: dict[str, StoredTensor], config: Config, where: str) -> No
                          f"(expected shape {list(expected[missing[0]][0])})")
     unknown = [n for n in tensors if n not in expected and n not in spec()["optional_tensors"]]
     if unknown:
-        raise ModelError(f"{where}: unexpected tensor {unknown[0]} (shape {list(tensors[unknown[0]].shape)}); "
+        raise ModelError(f"{where}: unexpected tensor {unknown[0]} "
+                         f"(shape {list(tensors[unknown[0]].shape)}); "
                          f"{len(unknown)} tensor(s) not in the Fun-ASR-Nano layout")
     for name, (shape, kind) in expected.items():
         t = tensors[name]
         if tuple(t.shape) != shape:
             raise ModelError(f"{where}: tensor {name}: expected shape {list(shape)}, found {list(t.shape)}")
         if kind != "matrix" and t.dtype not in DENSE_TYPES:
-            raise ModelError(f"{where}: tensor {name}: expected a float type (F32/F16/BF16), found {t.dtype}")
+            raise ModelError(f"{where}: tensor {name}: expected a float type (F32/F16/BF16), "
+                             f"found {t.dtype}")
     lm_head = tensors.get("lm_head.weight")
-    if lm_head is not None and tuple(lm_head.shape) != expected["model.language_model.embed_tokens.weight"][0]:
-        raise ModelError(f"{where}: tensor lm_head.weight: expected the embedding's shape, found {list(lm_head.shape)}")
+    if (lm_head is not None
+            and tuple(lm_head.shape) != expected["model.language_model.embed_tokens.weight"][0]):
+        raise ModelError(f"{where}: tensor lm_head.weight: expected the embedding's shape, "
+                         f"found {list(lm_head.shape)}")
 
 
 # --- other published layouts -> logical names ---------------------------------------------------------
@@ -182,7 +186,8 @@ def _split_fused_qkv(name: str, t: StoredTensor) -> dict[str, StoredTensor]:
 
 
 def to_logical(tensors: dict[str, StoredTensor], config: Config) -> dict[str, StoredTensor]:
-    """Rename a checkpoint's tensors onto the logical layout; drops tensors that play no part in transcription."""
+    """Rename a checkpoint's tensors onto the logical layout; drops tensors that play no part in
+    transcription."""
     names = list(tensors)
     if any(n.startswith(("audio_encoder.", "audio_adaptor.", "llm.")) for n in names):
         mapper = _map_funasr
@@ -241,7 +246,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if not path.is_dir():
         raise ModelError(f"{path}: expected a checkpoint directory or a .gguf file")
     config = load_config(path / "config.json")
-    files = {name: (path / name).read_text(encoding="utf-8") for name in TEXT_FILES if (path / name).is_file()}
+    files = {name: (path / name).read_text(encoding="utf-8")
+             for name in TEXT_FILES if (path / name).is_file()}
     if "tokenizer.json" not in files:
         raise ModelError(f"{path}: tokenizer.json is missing (the checkpoint's tokenizer is required)")
     tensors = to_logical(safetensors.read_checkpoint_dir(path), config)

@@ -28,8 +28,8 @@ SIZES = {
 }
 TEXT_FULL = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                  num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, vocab_size=151936,
-                 rms_norm_eps=1e-6, tie_word_embeddings=True, rope_parameters={"rope_theta": 1e6,
-                                                                              "rope_type": "default"})
+                 rms_norm_eps=1e-6, tie_word_embeddings=True,
+                 rope_parameters={"rope_theta": 1e6, "rope_type": "default"})
 
 
 def build_config(size: str):

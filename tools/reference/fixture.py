@@ -27,7 +27,7 @@ def main() -> int:
         for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer_config.json"):
             shutil.copy(built / name, FIXTURE / name)
         with open(built / "tokenizer.json", "rb") as src, gzip.GzipFile(FIXTURE / "tokenizer.json.gz", "wb",
-                                                                       compresslevel=9, mtime=0) as dst:
+                                                                        compresslevel=9, mtime=0) as dst:
             shutil.copyfileobj(src, dst)
         shutil.copy(Path(tmp) / "reference.npz", FIXTURE / "reference.npz")
     print(FIXTURE)
