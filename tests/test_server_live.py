@@ -348,8 +348,9 @@ def test_openapi_schema_no_server_errors(server):
             modes.append(schemathesis.GenerationMode.NEGATIVE)
         for mode in modes:
             @given(case=op.as_strategy(generation_mode=mode), real_audio=st.booleans())
+            # derandomize: the same examples every run, so the assertions below cannot pass or fail by chance
             @settings(max_examples=15 if op.method == "post" else 3, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))
+                      derandomize=True, suppress_health_check=list(HealthCheck))
             def check(case, real_audio):
                 if real_audio and isinstance(case.body, dict) and "file" in case.body:
                     case.body["file"] = SHORT  # reach the engine with generated fields, not only the decoder
