@@ -4,7 +4,7 @@ Its numpy twin is `nanoasr.ops.softmax_inplace_xp` (max, subtract, exp, sum, div
 scores); here numpy takes the row maxima and a row then stays in L1 for its two remaining passes. numba calls
 libm's scalar `expf`, which the loop vectoriser cannot widen, so `exp_nonpositive` is written out:
 x = n ln2 + r with |r| <= ln2/2, e^r from a degree-7 polynomial (Cephes' expf coefficients), and 2^n built
-from its exponent bits. Serial like the encoder's other kernels: it runs between BLAS GEMMs. The
+from its exponent bits. Serial like the elementwise kernels: it runs between BLAS GEMMs. The
 decode-attention kernel uses `exp_nonpositive` too. Compiled on first use and cached on disk.
 """
 from __future__ import annotations
