@@ -7,24 +7,40 @@ from nanoasr.kernels import softmax as kernels
 from nanoasr.ops import softmax_inplace_xp
 
 
-@njit(cache=True)
-def _exp_each(x, out):
-    for i in range(x.shape[0]):
-        out[i] = kernels.exp_nonpositive(x[i])
+def _exp_each(fastmath):
+    """exp_nonpositive over an array, compiled with the flags of a kernel that inlines it (the softmax and
+    decode-attention kernels let LLVM contract multiply-adds; SwiGLU's does not)."""
+    @njit(fastmath=fastmath)
+    def each(x, out):
+        for i in range(x.shape[0]):
+            out[i] = kernels.exp_nonpositive(x[i])
+    return each
 
 
-def test_exp_is_within_one_ulp_down_to_the_smallest_normal():
+def _exp_over_the_normals(fastmath):
     x = -np.linspace(0, 87.3, 1_000_003).astype(np.float32)
     got = np.empty_like(x)
-    _exp_each(x, got)
+    _exp_each(fastmath)(x, got)
+    return x, got
+
+
+def test_exp_is_within_1_02_ulp_down_to_the_smallest_normal():
+    """Cephes' polynomial evaluated with FMAs: 1.015 ulp at worst on this grid (3 points above 1 ulp)."""
+    x, got = _exp_over_the_normals(False)
     ref = np.exp(x.astype(np.float64))
-    assert (np.abs(got - ref) / np.spacing(ref.astype(np.float32))).max() <= 1.0
+    assert (np.abs(got - ref) / np.spacing(ref.astype(np.float32))).max() <= 1.02
 
 
-def test_exp_is_zero_below_the_normals_and_for_minus_infinity():
+def test_exp_gives_the_same_bits_whatever_its_caller_lets_llvm_contract():
+    plain, contracted = (_exp_over_the_normals(flags)[1] for flags in (False, {"reassoc", "contract"}))
+    np.testing.assert_array_equal(plain, contracted)
+
+
+@pytest.mark.parametrize("fastmath", [False, {"reassoc", "contract"}])
+def test_exp_is_zero_below_the_normals_and_for_minus_infinity(fastmath):
     x = np.array([-np.inf, -1e30, -104.0, -87.5, -0.0, 0.0], np.float32)
     got = np.empty_like(x)
-    _exp_each(x, got)
+    _exp_each(fastmath)(x, got)
     np.testing.assert_array_equal(got, [0, 0, 0, 0, 1, 1])
 
 

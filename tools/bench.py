@@ -23,20 +23,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-BLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+from tools.measure import environ_without_blas_vars, median_ms  # noqa: E402
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 # --- children ---------------------------------------------------------------------------------------
@@ -201,7 +193,7 @@ CHILDREN = {"nanoasr": child_nanoasr, "transformers": child_transformers, "llama
 # --- driver -----------------------------------------------------------------------------------------
 
 def run_child(kind: str, model: str, args, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in BLAS_VARS}
+    env = environ_without_blas_vars()
     python = args.llama_python if kind == "llama" else sys.executable
     cmd = [python, __file__, "child", kind, "--model", model, "--seconds", str(args.seconds),
            "--tokens", str(args.tokens), "--threads", str(args.threads), "--reference", args.reference,

@@ -11,22 +11,21 @@ unset (it re-executes itself without them), as users' machines have them.
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 
-_OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-if any(v in os.environ for v in _OPENBLAS_VARS):
-    env = {k: v for k, v in os.environ.items() if k not in _OPENBLAS_VARS}
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from tools.measure import rerun_without_blas_vars  # noqa: E402
+
+rerun_without_blas_vars()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import pathlib  # noqa: E402
 import platform  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from nanoasr.kernels import cpu  # noqa: E402
 

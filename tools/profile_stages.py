@@ -10,23 +10,21 @@ OPENBLAS_L2_SIZE unset, as tools/bench.py does.
 """
 from __future__ import annotations
 
-import os
+import pathlib
 import sys
 
-_OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-if any(v in os.environ for v in _OPENBLAS_VARS):
-    env = {k: v for k, v in os.environ.items() if k not in _OPENBLAS_VARS}
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from tools.measure import median_ms, rerun_without_blas_vars  # noqa: E402
+
+rerun_without_blas_vars()
 
 import argparse  # noqa: E402
 import cProfile  # noqa: E402
-import pathlib  # noqa: E402
 import pstats  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from nanoasr import ops  # noqa: E402
 from nanoasr.api import Model  # noqa: E402
@@ -45,14 +43,9 @@ def profiled(name: str, fn, top: int) -> None:
     pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(top)
 
 
-def median_ms(fn, repeats: int = 15) -> float:
+def warm_median_ms(fn) -> float:
     fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(times))
+    return median_ms(fn, 15)
 
 
 def main() -> int:
@@ -89,14 +82,14 @@ def main() -> int:
 
         profiled(f"{args.steps} decode steps after 196 positions",
                  lambda: [step() for _ in range(args.steps)], args.top)
-        print(f"\ndecode step: {median_ms(step):.1f} ms", end="")
+        print(f"\ndecode step: {warm_median_ms(step):.1f} ms", end="")
         products, attend = ops._stored_matmul, attention.decode_attention
         zeros = {}
         ops._stored_matmul = lambda rows, t: zeros.setdefault((len(rows), t.shape[0]),
                                                               np.zeros((len(rows), t.shape[0]), np.float32))
-        print(f"; without the weight products {median_ms(step):.1f} ms", end="")
+        print(f"; without the weight products {warm_median_ms(step):.1f} ms", end="")
         attention.decode_attention = lambda q, keys, values, lengths: q
-        print(f"; and without attention {median_ms(step):.1f} ms")
+        print(f"; and without attention {warm_median_ms(step):.1f} ms")
         ops._stored_matmul, attention.decode_attention = products, attend
     return 0
 
