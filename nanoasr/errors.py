@@ -15,3 +15,7 @@ class ModelError(NanoasrError):
 
 class OptionError(NanoasrError, ValueError):
     """A transcription or command option has a value nanoasr does not accept."""
+
+
+class AudioTooLongError(AudioError):
+    """The audio is longer than the duration limit the caller set (`max_duration_s`)."""
