@@ -4,7 +4,7 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize, quantize
 
-cpu = pytest.importorskip("nanoasr.kernels.cpu")
+from nanoasr.kernels import cpu
 
 DTYPES = ["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"]
 GGUF_TYPE = {"q8_0": GT.Q8_0, "q4_k": GT.Q4_K, "q6_k": GT.Q6_K}
