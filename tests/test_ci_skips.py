@@ -23,7 +23,8 @@ def run(pytester, monkeypatch, strict: bool, *names):
 def test_a_skipped_module_fails_the_strict_run(pytester, monkeypatch):
     result = run(pytester, monkeypatch, True, "test_broken_import", "test_gpu")
     assert result.ret == 1
-    result.stdout.fnmatch_lines(["*skips CI does not allow*", "*test_broken_import.py*a_module_that_is_not_there*"])
+    result.stdout.fnmatch_lines(["*skips CI does not allow*",
+                                 "*test_broken_import.py*a_module_that_is_not_there*"])
 
 
 def test_the_gpu_tier_may_skip(pytester, monkeypatch):
