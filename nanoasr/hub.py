@@ -11,17 +11,21 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from nanoasr.errors import ModelError
 
 MANIFEST = "nanoasr-package.json"  # written into a local_dir: which package, repo and commit it holds
-HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[^:@\s]+)|:(?P<quant>[\w.-]+))*")
+HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[^:@]*)|:(?P<quant>[\w.-]+))*")
 COMMIT = re.compile(r"[0-9a-f]{40}")
+REVISION_MAX = 255  # git sets no limit; the hub's branch and tag names are far shorter
+REF_BAD_CHAR = re.compile(r"[^\x21-\x7e]|[~^:?*\[\\]")  # beyond printable ASCII, or special to git
 CACHE_SNAPSHOT = re.compile(
     r"models--(?P<org>[^/\\]+?)--(?P<name>[^/\\]+)[/\\]snapshots[/\\](?P<rev>[0-9a-f]{40})")
 # A safetensors checkpoint of a repo no package describes: what load_checkpoint reads.
@@ -200,8 +204,10 @@ def describe_local(path: Path) -> Resolved:
         try:
             manifest = json.loads((folder / MANIFEST).read_text("utf-8"))
             repo, revision, name = manifest.get("repo"), manifest.get("revision"), manifest.get("package")
-            if path.is_dir() or path.name in manifest.get("files", ()):  # one folder may hold several GGUFs
-                package = next((p for p in list_packages() if p.name == name), None)
+            named = next((p for p in list_packages() if p.name == name), None)
+            # one folder may hold several GGUFs; the manifest names the package downloaded last
+            if named is not None and (path.is_dir() or any(f.name == path.name for f in named.files)):
+                package = named
         except (OSError, ValueError, AttributeError):
             pass  # an unreadable manifest only loses the provenance, never the model
     if package is None and repo is not None:
@@ -217,7 +223,40 @@ def _package_for(repo: str, filename: str | None) -> Package | None:
     return None
 
 
+def check_revision(revision) -> str:
+    """`revision` when it is a 40-hex commit or a branch or tag name by git's ref-name rules (a stricter
+    form); else one ModelError that says what is wrong, before huggingface_hub puts it in a URL or path."""
+    problem = _revision_problem(revision)
+    if problem is not None:
+        raise ModelError(f"revision {revision!r} {problem}; expected a 40-hex commit or a branch or tag name "
+                         "(main, v1.0, refs/pr/1)")
+    return revision
+
+
+def _revision_problem(revision) -> str | None:
+    if not isinstance(revision, str):
+        return f"is a {type(revision).__name__}, not a string"
+    if not revision:
+        return "is empty"
+    if COMMIT.fullmatch(revision):
+        return None
+    parts = revision.split("/")
+    rules = ((len(revision) > REVISION_MAX, f"is longer than {REVISION_MAX} characters"),
+             (REF_BAD_CHAR.search(revision),
+              "has a space, control or non-ASCII character, or one of ~^:?*[\\"),
+             (".." in revision, "contains '..'"),
+             ("//" in revision, "contains '//'"),
+             (revision.startswith(("/", "-")), "starts with '/' or '-'"),
+             (revision.endswith(("/", ".")), "ends with '/' or '.'"),
+             (any(p.startswith(".") or p.endswith(".lock") for p in parts),
+              "has a part that starts with '.' or ends with '.lock'"),
+             (revision == "@" or "@{" in revision, "is '@' or contains '@{'"))
+    return next((problem for broken, problem in rules if broken), None)
+
+
 def _target(model: str | None, revision: str | None) -> Target:
+    if revision is not None:
+        check_revision(revision)
     if model is None:
         model = default_package().name
     names = {p.name: p for p in list_packages()}
@@ -229,6 +268,8 @@ def _target(model: str | None, revision: str | None) -> Target:
         raise ModelError(f"{model!r} is not a model directory, .gguf file, package name ({', '.join(names)}) "
                          "or hub id org/repo[@revision][:quant]")
     repo, quant = match["repo"], match["quant"]
+    if match["revision"] is not None:
+        check_revision(match["revision"])
     revision_arg, revision = revision, revision or match["revision"]
     candidates = [p for p in names.values() if p.repo == repo]
     if quant is not None:
@@ -267,14 +308,24 @@ def cache_dir() -> Path:
 
 def _fetch(target: Target, local_dir, offline: bool, progress: bool, verify_all: bool) -> Resolved:
     local_dir = Path(local_dir).expanduser() if local_dir is not None else None
-    if offline:
+    if offline:  # nothing is written, so the manifest stays as it is
         path = _present(target, local_dir)
         if path is None:
             raise ModelError(_offline_message(target, local_dir))
         return _resolved(target, path, local_dir, verify_all, fresh=())
+    earlier = _manifest_files(local_dir) if local_dir is not None else []  # a bad one fails before fetching
     if target.files is None:
-        path = _snapshot(target, local_dir, progress)
-        return _resolved(target, path, local_dir, verify_all, fresh=())
+        path, fresh = _snapshot(target, local_dir, progress), ()
+    else:
+        path, fresh = _download_package(target, local_dir, progress)
+    resolved = _resolved(target, path, local_dir, verify_all, fresh)
+    if local_dir is not None:
+        _write_manifest(local_dir, target, resolved.revision, earlier)
+    return resolved
+
+
+def _download_package(target: Target, local_dir, progress: bool) -> tuple[Path, tuple[str, ...]]:
+    """The package's path, and the names of the files that were not here before (checked in full)."""
     fresh, paths = [], []
     for f in target.files:
         was_here = _file_present(target, f.name, local_dir) is not None
@@ -282,7 +333,7 @@ def _fetch(target: Target, local_dir, offline: bool, progress: bool, verify_all:
         if not was_here:
             fresh.append(f.name)
     path = paths[0] if target.package.format == "gguf" else paths[0].parent
-    return _resolved(target, path, local_dir, verify_all, tuple(fresh))
+    return path, tuple(fresh)
 
 
 def _resolved(target: Target, path: Path, local_dir, verify_all: bool, fresh: tuple[str, ...]) -> Resolved:
@@ -293,9 +344,7 @@ def _resolved(target: Target, path: Path, local_dir, verify_all: bool, fresh: tu
             elif f.sha256:
                 _check_blob_name(target, f, (path if path.is_dir() else path.parent) / f.name, local_dir)
     match = CACHE_SNAPSHOT.search(os.path.abspath(path))
-    revision = match["rev"] if match else _local_dir_commit(local_dir, target) or target.revision
-    if local_dir is not None:
-        _write_manifest(local_dir, target, revision)
+    revision = match["rev"] if match else _local_dir_commit(local_dir, target, path) or target.revision
     return Resolved(path, target.repo, revision, target.package)
 
 
@@ -463,44 +512,110 @@ def _reject(target: Target, name: str, path: Path, local_dir, what: str, expecte
 
 
 def _delete_file(path: Path, local_dir, name: str) -> None:
-    """A downloaded file and what points at it: the blob behind a cache link, or local_dir metadata."""
-    blob = Path(os.path.realpath(path))
+    """A downloaded file and what belongs to it: the blob behind a cache link, or huggingface_hub's
+    bookkeeping in local_dir. A link in local_dir is not nanoasr's to follow: only the link goes."""
+    if local_dir is None:
+        blob = Path(os.path.realpath(path))
+        path.unlink(missing_ok=True)
+        if blob != path.absolute():
+            blob.unlink(missing_ok=True)
+        return
     path.unlink(missing_ok=True)
-    if blob != path.absolute():
-        blob.unlink(missing_ok=True)
-    if local_dir is not None:
-        (Path(local_dir) / ".cache" / "huggingface" / "download" / f"{name}.metadata").unlink(missing_ok=True)
+    metadata = _hf_download_dir(Path(local_dir)) / f"{name}.metadata"
+    metadata.unlink(missing_ok=True)
+    metadata.with_suffix(".lock").unlink(missing_ok=True)
 
 
 # --- local_dir manifest -----------------------------------------------------------------------------------
 
 def _read_manifest(folder: Path) -> dict | None:
     try:
-        return json.loads((folder / MANIFEST).read_text("utf-8"))
+        manifest = json.loads((folder / MANIFEST).read_text("utf-8"))
     except (OSError, ValueError):
         return None
+    return manifest if isinstance(manifest, dict) else None
 
 
-def _write_manifest(local_dir: Path, target: Target, revision: str) -> None:
-    files = [f.name for f in target.files] if target.files else sorted(
-        p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*")
-        if p.is_file() and ".cache" not in p.relative_to(local_dir).parts and p.name != MANIFEST)
+def _manifest_files(folder: Path) -> list[str]:
+    """The files folder's manifest records, each checked to be a file path inside folder; [] without one."""
+    manifest = folder / MANIFEST
+    if not os.path.lexists(manifest):
+        return []
+    try:
+        files = json.loads(manifest.read_text("utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelError(f"{manifest}: not a nanoasr manifest ({type(exc).__name__}: {_one_line(exc)}); "
+                         "expected a JSON object with a list of files") from None
+    if not isinstance(files, list):
+        raise ModelError(f"{manifest}: 'files' is a {type(files).__name__}; expected a list of file paths")
+    root = folder.resolve()
+    for name in files:
+        problem = _entry_problem(root, name)
+        if problem is not None:
+            raise ModelError(f"{manifest}: entry {name!r} {problem}; expected a file path inside {root} "
+                             "(nothing was deleted; fix or delete the manifest)")
+    return files
+
+
+def _entry_problem(root: Path, name) -> str | None:
+    """Why a manifest entry may not be deleted: any way it could reach outside root."""
+    if not isinstance(name, str) or not Path(name).parts:
+        return "is not a file path"
+    if Path(name).is_absolute() or PurePosixPath(name).is_absolute():  # Windows calls "/x" relative
+        return "is an absolute path"
+    if ".." in Path(name).parts:
+        return "climbs out of the folder with '..'"
+    try:
+        inside = (root / name).resolve().is_relative_to(root)
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop
+        return "is not a usable file path"
+    return None if inside else "leads outside the folder through a symlink"
+
+
+def _write_manifest(local_dir: Path, target: Target, revision: str, earlier: list[str]) -> None:
+    """Record this download beside its files: the files nanoasr downloads put here, and no others."""
+    written = [f.name for f in target.files] if target.files else _snapshot_files(target, local_dir, revision)
+    files = sorted({n for n in earlier + written if (local_dir / n).is_file()})
     manifest = {"package": target.package.name if target.package else None, "repo": target.repo,
                 "revision": revision, "files": files}
     (local_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
 
-def _local_dir_commit(local_dir, target: Target) -> str | None:
-    """The commit huggingface_hub recorded for a local_dir download (line 1 of its .metadata file)."""
-    if local_dir is None or COMMIT.fullmatch(target.revision):
-        return None
-    names = [f.name for f in target.files] if target.files else ["config.json"]
-    meta = Path(local_dir) / ".cache" / "huggingface" / "download" / f"{names[0]}.metadata"
+def _snapshot_files(target: Target, local_dir: Path, commit: str) -> list[str]:
+    """What a snapshot download put in local_dir: files its patterns select that huggingface_hub fetched or
+    checked at this commit. A user's own files have no such record."""
+    records = _hf_download_dir(local_dir)
+    names = [m.relative_to(records).as_posix().removesuffix(".metadata") for m in records.rglob("*.metadata")]
+    return [n for n in names if _belongs(target, n) and _downloaded_at(local_dir, n) == commit]
+
+
+def _belongs(target: Target, name: str) -> bool:
+    """Whether a file is one of the target's: a package's by name, a snapshot's by its patterns."""
+    if target.files is not None:
+        return any(f.name == name for f in target.files)
+    return any(fnmatch(name, pattern) for pattern in target.patterns)
+
+
+def _hf_download_dir(local_dir: Path) -> Path:
+    """Where huggingface_hub keeps a record (`NAME.metadata`) of each file it downloads into local_dir."""
+    return local_dir / ".cache" / "huggingface" / "download"
+
+
+def _downloaded_at(local_dir: Path, name: str) -> str | None:
+    """The commit huggingface_hub recorded for a file it downloaded into local_dir (line 1 of its record)."""
     try:
-        commit = meta.read_text("utf-8").splitlines()[0].strip()
+        commit = (_hf_download_dir(local_dir) / f"{name}.metadata").read_text("utf-8").splitlines()[0].strip()
     except (OSError, IndexError):
         return None
     return commit if COMMIT.fullmatch(commit) else None
+
+
+def _local_dir_commit(local_dir, target: Target, path: Path) -> str | None:
+    """The commit behind a branch or tag downloaded into local_dir, from the record of a file it holds."""
+    if local_dir is None or COMMIT.fullmatch(target.revision):
+        return None
+    name = target.files[0].name if target.files else path.name if path.is_file() else "config.json"
+    return _downloaded_at(Path(local_dir), name)
 
 
 # --- removal ----------------------------------------------------------------------------------------------
@@ -552,15 +667,50 @@ def _remove_cached_files(repo, rev, wanted: set[str]) -> int:
 
 
 def _remove_local(target: Target, local_dir: Path) -> int:
-    manifest = _read_manifest(local_dir)
-    names = [f.name for f in target.files] if target.files else (manifest or {}).get("files", [])
-    present = [n for n in names if (local_dir / n).is_file()]
-    if not present:
-        raise ModelError(f"{target.label}: none of its files are in {local_dir}")
+    """Delete the target's files that local_dir's manifest records; whatever else is there stays."""
+    if not (local_dir / MANIFEST).is_file():
+        raise ModelError(f"{local_dir}: no {MANIFEST}; nanoasr removes only files its downloads put there")
+    listed = _manifest_files(local_dir)  # every entry is checked before anything is deleted
+    ours = [n for n in listed if _belongs(target, n) and (local_dir / n).is_file()]
+    if not ours:
+        raise ModelError(f"{target.label}: {local_dir / MANIFEST} records none of its files")
     freed = 0
-    for n in present:
-        freed += (local_dir / n).stat().st_size
-        _delete_file(local_dir / n, local_dir, n)
-    if manifest is not None and not any((local_dir / n).is_file() for n in manifest.get("files", ())):
-        (local_dir / MANIFEST).unlink(missing_ok=True)
+    for name in ours:
+        freed += (local_dir / name).lstat().st_size
+        _delete_file(local_dir / name, local_dir, name)
+    _keep_recorded(local_dir, [n for n in listed if n not in ours])
+    _tidy(local_dir, ours)
     return freed
+
+
+def _keep_recorded(local_dir: Path, kept: list[str]) -> None:
+    """The manifest after a removal: the files still recorded, or no manifest once none is left."""
+    kept = [n for n in kept if (local_dir / n).is_file()]
+    if not kept:
+        (local_dir / MANIFEST).unlink()
+        return
+    manifest = dict(_read_manifest(local_dir), files=kept)
+    (local_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+
+
+def _tidy(local_dir: Path, removed: list[str]) -> None:
+    """Folders a removal emptied, huggingface_hub's bookkeeping once it records no file, and local_dir
+    itself when nothing else is in it: rmdir only ever takes an empty folder, so a user's files stay."""
+    for name in removed:
+        for parent in (local_dir / name).parents:
+            if parent == local_dir:
+                break
+            _rmdir_if_empty(parent)
+    bookkeeping = local_dir / ".cache" / "huggingface"
+    unused = not any(_hf_download_dir(local_dir).rglob("*.metadata"))
+    if unused and bookkeeping.is_dir() and not bookkeeping.is_symlink():
+        shutil.rmtree(bookkeeping)
+    _rmdir_if_empty(local_dir / ".cache")
+    _rmdir_if_empty(local_dir)
+
+
+def _rmdir_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty, or not there: it stays as it is
+        pass

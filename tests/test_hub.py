@@ -283,13 +283,118 @@ def test_local_dir_download_manifest_and_remove(hf_env, fake_hub, tmp_path):
     assert (local.repo, local.revision, local.package.name) == ("test/gguf", OLD, "q8")
     assert hub.resolve("q8", local_dir=target, offline=True).path == resolved.path
     hub.download("f16", local_dir=target, progress=False)  # a second package in the same folder
+    assert json.loads((target / hub.MANIFEST).read_text())["files"] == ["m-f16.gguf", "m-q8_0.gguf"]
     assert hub.resolve(str(resolved.path)).package.name == "q8"
     assert hub.resolve(str(target / "m-f16.gguf")).package.name == "f16"
     assert hub.remove("f16", local_dir=target) == len(GGUF_OLD) + 3
+    assert json.loads((target / hub.MANIFEST).read_text())["files"] == ["m-q8_0.gguf"]
     assert hub.remove("q8", local_dir=target) == len(GGUF_OLD)
-    assert not resolved.path.exists() and not (target / hub.MANIFEST).exists()
+    assert not target.exists()  # nothing else was in it, huggingface_hub's bookkeeping included
     with pytest.raises(ModelError, match="offline"):
         hub.resolve("q8", local_dir=target, offline=True)
+
+
+@pytest.mark.parametrize("name", ["ckpt", "test/other"])  # a package, and a snapshot of a repo none describes
+def test_local_dir_records_and_removes_only_what_the_download_wrote(hf_env, fake_hub, tmp_path, name):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    mine = {"notes.txt": b"my notes", "my.wav": b"RIFF....WAVE", "mine.safetensors": b"my own weights"}
+    for file, data in mine.items():
+        (folder / file).write_bytes(data)
+    hub.download(name, local_dir=folder, progress=False)
+    manifest = json.loads((folder / hub.MANIFEST).read_text())
+    assert manifest["files"] == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert hub.remove(name, local_dir=folder) == len(CONFIG) + 2 + 64
+    assert sorted(p.name for p in folder.iterdir()) == sorted(mine)  # no manifest, no .cache left
+    assert all((folder / file).read_bytes() == data for file, data in mine.items())
+
+
+def test_local_dir_remove_needs_the_manifest(hf_env, fake_hub, tmp_path):
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "m-q8_0.gguf").write_bytes(GGUF_OLD)  # the package's file name, but not put here by nanoasr
+    with pytest.raises(ModelError, match=f"{folder}: no {hub.MANIFEST}; nanoasr removes only files its"):
+        hub.remove("q8", local_dir=folder)
+    hub.download("f16", local_dir=tmp_path / "f16", progress=False)
+    with pytest.raises(ModelError, match=f"q8: {tmp_path / 'f16' / hub.MANIFEST} records none of its files"):
+        hub.remove("q8", local_dir=tmp_path / "f16")
+    assert (folder / "m-q8_0.gguf").is_file() and (tmp_path / "f16" / "m-f16.gguf").is_file()
+
+
+@pytest.fixture
+def crafted(tmp_path):
+    """A folder with a config.json to take and links to a sentinel outside it; a manifest writer."""
+    sentinel = tmp_path / "sentinel.txt"
+    sentinel.write_text("keep me")
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "config.json").write_bytes(CONFIG)
+    (folder / "escape.safetensors").symlink_to(sentinel)
+    (folder / "m-q8_0.gguf").symlink_to(sentinel)
+    (folder / "outside").symlink_to(tmp_path, target_is_directory=True)
+
+    def write(files):
+        manifest = {"package": None, "repo": "test/other", "revision": CKPT, "files": files}
+        (folder / hub.MANIFEST).write_text(json.dumps(manifest))
+        return folder
+
+    return write, sentinel
+
+
+@pytest.mark.parametrize("name, entry, problem", [
+    ("test/other", "../sentinel.txt", "climbs out of the folder with '..'"),
+    ("test/other", "SENTINEL", "is an absolute path"),
+    ("test/other", "escape.safetensors", "leads outside the folder through a symlink"),
+    ("test/other", "outside/sentinel.txt", "leads outside the folder through a symlink"),
+    ("q8", "m-q8_0.gguf", "leads outside the folder through a symlink"),  # the package file is such a link
+])
+def test_manifest_entries_leading_outside_delete_nothing(hf_env, fake_hub, crafted, name, entry, problem):
+    write, sentinel = crafted
+    entry = str(sentinel) if entry == "SENTINEL" else entry
+    folder = write(["config.json", entry])  # config.json first: nothing goes before every entry is checked
+    with pytest.raises(ModelError) as err:
+        hub.remove(name, local_dir=folder)
+    assert str(err.value).startswith(f"{folder / hub.MANIFEST}: entry {entry!r} {problem}; ")
+    assert "nothing was deleted" in str(err.value) and "\n" not in str(err.value)
+    assert sentinel.read_text() == "keep me" and (folder / "config.json").read_bytes() == CONFIG
+    assert all(os.path.lexists(folder / link) for link in ("escape.safetensors", "m-q8_0.gguf", "outside"))
+    with pytest.raises(ModelError, match="nothing was deleted"):  # a download refuses it before fetching
+        hub.download(name, local_dir=folder, progress=False)
+    assert not fake_hub.requests and sentinel.read_text() == "keep me"
+
+
+def test_a_recorded_link_inside_the_folder_goes_but_not_its_target(hf_env, fake_hub, tmp_path):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "mine.bin").write_bytes(b"my file")
+    (folder / "model.safetensors").symlink_to("mine.bin")
+    (folder / hub.MANIFEST).write_text(json.dumps({"repo": "test/other", "files": ["model.safetensors"]}))
+    hub.remove("test/other", local_dir=folder)
+    assert not os.path.lexists(folder / "model.safetensors")
+    assert (folder / "mine.bin").read_bytes() == b"my file"
+    assert sorted(p.name for p in folder.iterdir()) == ["mine.bin"]
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("not json", "not a nanoasr manifest (JSONDecodeError"),
+    ('["config.json"]', "not a nanoasr manifest (TypeError"),
+    ('{"repo": "test/other"}', "not a nanoasr manifest (KeyError"),
+    ('{"files": "config.json"}', "'files' is a str; expected a list of file paths"),
+    ('{"files": [3]}', "entry 3 is not a file path"),
+    ('{"files": ["."]}', "entry '.' is not a file path"),
+    ('{"files": ["a\\u0000b"]}', "entry 'a\\x00b' is not a usable file path"),
+])
+def test_malformed_manifest_is_one_clear_error(hf_env, fake_hub, tmp_path, content, problem):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "config.json").write_bytes(CONFIG)
+    (folder / hub.MANIFEST).write_text(content)
+    for call in (lambda: hub.remove("test/other", local_dir=folder),
+                 lambda: hub.download("test/other", local_dir=folder, progress=False)):
+        with pytest.raises(ModelError) as err:
+            call()
+        assert str(err.value).startswith(f"{folder / hub.MANIFEST}: ") and problem in str(err.value)
+    assert (folder / "config.json").is_file() and not fake_hub.requests
 
 
 def test_remove_cached_revision(hf_env, fake_hub):
@@ -365,3 +470,32 @@ def test_import_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "False"
+
+
+BAD_REVISIONS = ["", " ", "a b", "main\n", "a\tb", "a\x01b", "a\x7fb", "a\x00b", "a..b", "..", "-x", "x.lock",
+                 "x.", ".x", "a~1", "a^", "a?", "a*", "a[b", "a\\b", "é", "x" * 256, "@", "a@{1}", "a:b",
+                 "/x", "a//b", "x/", "refs/../x", "a/.b", "a/b.lock/c"]
+
+
+@pytest.mark.parametrize("bad", BAD_REVISIONS)
+def test_bad_revisions_are_refused_at_every_entry_point(hf_env, fake_hub, tmp_path, bad):
+    calls = [lambda: hub.info("q8", revision=bad), lambda: hub.resolve("q8", revision=bad, progress=False),
+             lambda: hub.download("q8", revision=bad, progress=False), lambda: hub.remove("q8", revision=bad),
+             lambda: hub.remove("q8", revision=bad, local_dir=tmp_path)]
+    hub_id = f"test/gguf@{bad}:q8_0"
+    if not set(bad) & set(":@"):  # these end the revision of an id
+        calls += [lambda: hub.info(hub_id), lambda: hub.download(hub_id, progress=False),
+                  lambda: hub.remove(hub_id), lambda: hub.remove(hub_id, local_dir=tmp_path)]
+        if "/" not in bad:  # more slashes make it a path, refused as such
+            calls.append(lambda: hub.resolve(hub_id, progress=False))
+    expected = r"^revision .* expected a 40-hex commit or a branch or tag name"
+    for call in calls:
+        with pytest.raises(ModelError, match=expected):
+            call()
+    assert not fake_hub.requests and not (hf_env / "hub").exists()
+
+
+def test_good_revisions_pass():
+    for revision in ("main", "v1.0", "refs/pr/1", "release/2025-01_b", "A" * 40, OLD, "x" * 255):
+        assert hub.check_revision(revision) == revision
+    assert hub.info(f"test/gguf@{NEW}:q8_0")["revision"] == NEW

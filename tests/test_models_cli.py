@@ -8,11 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import test_hub
 from test_hub import CONFIG, GGUF_OLD, NEW, OLD, FakeHub, sha256
 
 from nanoasr import cli, doctor
 
-pytest_plugins = ["test_hub"]  # its fixtures fake_hub and hf_env
+# The fake hub's fixtures, bound here so they reach these tests however pytest collects test_hub.
+fake_hub, hf_env = test_hub.fake_hub, test_hub.hf_env
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -67,6 +69,46 @@ def test_download_to_local_dir_and_remove(hf_env, fake_hub, capsys, tmp_path):
     assert json.loads(out)["cached"] and json.loads(out)["path"] == str(target)
     code, out, _ = run(capsys, "models", "remove", "ckpt", "--local-dir", str(target))
     assert code == 0 and out.startswith("removed ckpt:") and not (target / "model.safetensors").exists()
+
+
+def test_local_dir_remove_keeps_the_users_files(hf_env, fake_hub, capsys, tmp_path):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("my notes")
+    (folder / "my.wav").write_bytes(b"RIFF....WAVE")
+    code, out, _ = run(capsys, "models", "download", "test/other", "--local-dir", str(folder), "--quiet")
+    assert code == 0 and (folder / "model.safetensors").is_file()
+    code, out, err = run(capsys, "models", "remove", "test/other", "--local-dir", str(folder))
+    assert code == 0 and out.strip() == f"removed test/other: {len(CONFIG) + 2 + 64} B freed" and not err
+    assert sorted(p.name for p in folder.iterdir()) == ["my.wav", "notes.txt"]
+
+
+def test_remove_refuses_a_manifest_entry_outside_the_folder(hf_env, fake_hub, capsys, tmp_path):
+    sentinel = tmp_path / "sentinel.txt"
+    sentinel.write_text("keep me")
+    folder = tmp_path / "models"
+    folder.mkdir()
+    manifest = {"repo": "test/other", "files": ["../sentinel.txt"]}
+    (folder / "nanoasr-package.json").write_text(json.dumps(manifest))
+    code, out, err = run(capsys, "models", "remove", "test/other", "--local-dir", str(folder))
+    assert code == 1 and not out and err.count("\n") == 1 and "entry '../sentinel.txt' climbs out" in err
+    assert sentinel.read_text() == "keep me" and not fake_hub.requests
+
+
+@pytest.mark.parametrize("argv", [
+    ["models", "info", "q8", "--revision", "../x"],
+    ["models", "info", "test/gguf@a..b:q8_0", "--json"],
+    ["models", "download", "q8", "--revision", "main.lock", "--quiet"],
+    ["models", "download", "test/gguf@-x:q8_0", "--quiet"],
+    ["models", "download", "q8", "--revision", "", "--quiet"],
+    ["models", "remove", "q8", "--revision=-x"],
+    ["models", "remove", "test/gguf@a b:q8_0", "--local-dir", "somewhere"],
+])
+def test_bad_revisions_exit_1_without_asking_the_hub(hf_env, fake_hub, capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 1 and not out and err.count("\n") == 1
+    assert err.startswith("nanoasr models: error: revision ")
+    assert "expected a 40-hex commit or a branch or tag name" in err and not fake_hub.requests
 
 
 def test_remove(hf_env, fake_hub, capsys):
