@@ -49,6 +49,35 @@ def widen(t: StoredTensor) -> np.ndarray:
     return dequantize(t.data, t.dtype, t.shape)
 
 
+# Byte offsets of the float16 scales in one block (Q4_K: d and dmin); a NaN/Inf scale spoils its whole block.
+BLOCK_SCALES = {"q8_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}
+F16_EXPONENT, BF16_EXPONENT = 0x7C00, 0x7F80  # all exponent bits set: Inf or NaN
+SCAN_CHUNK = 1 << 22  # elements read at a time, so a scan never holds a widened copy of a large matrix
+
+
+def _exponent_full(bits: np.ndarray, mask: int) -> bool:
+    return bool(((bits & mask) == mask).any())
+
+
+def _any_in_chunks(flat: np.ndarray, test) -> bool:
+    return any(test(flat[i:i + SCAN_CHUNK]) for i in range(0, flat.shape[0], SCAN_CHUNK))
+
+
+def has_nonfinite(t: StoredTensor) -> bool:
+    """Whether any stored value is NaN or Inf (for block types: any block scale, the only floats there)."""
+    if t.dtype == "f32":
+        return _any_in_chunks(np.ravel(t.data), lambda x: not np.isfinite(x).all())
+    if t.dtype in ("f16", "bf16"):
+        mask = F16_EXPONENT if t.dtype == "f16" else BF16_EXPONENT
+        return _any_in_chunks(np.ravel(t.data).view(np.uint16), lambda bits: _exponent_full(bits, mask))
+    blocks = np.reshape(t.data, (-1, BLOCK_TYPES[t.dtype][1]))
+    for offset in BLOCK_SCALES[t.dtype]:
+        scales = blocks[:, offset:offset + 2]  # little-endian float16 bytes, high byte holds the exponent
+        if _any_in_chunks(scales, lambda pair: _exponent_full(pair[:, 1], F16_EXPONENT >> 8)):
+            return True
+    return False
+
+
 def dense(array: np.ndarray) -> StoredTensor:
     """Wrap a float32/float16 array (tests, converted weights)."""
     dtype = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}[array.dtype]

@@ -258,17 +258,15 @@ def vocab_arrays(files: dict[str, str], vocab_size: int, where: str) -> dict:
     try:
         tokenizer = json.loads(files["tokenizer.json"])
         model = tokenizer["model"]
-        vocab, merges = model["vocab"], model["merges"]
-    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+        vocab, merges = dict(model["vocab"]), list(model["merges"])
+        entries = [(i, t, int(TokenType.NORMAL)) for t, i in vocab.items()]
+        entries += [(a["id"], a["content"], _added_type(a)) for a in tokenizer.get("added_tokens", [])]
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:  # JSONDecodeError too
         raise ModelError(f"{where}: tokenizer.json is not a BPE tokenizer ({exc!r})") from None
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]  # ids no token uses, as llama.cpp names them
     types = [int(TokenType.UNUSED)] * vocab_size
-    entries = [(i, t, int(TokenType.NORMAL)) for t, i in vocab.items()]
-    added = tokenizer.get("added_tokens", [])
-    entries += [(a["id"], a["content"], _added_type(a))
-                for a in added]
     for i, token, kind in entries:
-        if not 0 <= i < vocab_size:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size:
             raise ModelError(f"{where}: tokenizer.json token {token!r} has id {i}, outside the vocabulary "
                              f"(size {vocab_size})")
         tokens[i], types[i] = token, kind
@@ -531,7 +529,7 @@ def _embedded_files(values: dict) -> dict[str, str]:
             continue
         try:
             parsed = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
         if isinstance(parsed, dict) and "text_config" in parsed:
             files.setdefault("config.json", value)
@@ -545,11 +543,23 @@ def _embedded_files(values: dict) -> dict[str, str]:
 def _tokenizer(values: dict, files: dict[str, str], where: str) -> dict[str, str]:
     if "tokenizer.json" in files:
         return files
-    arrays = [values.get(k) for k in (Keys.Tokenizer.LIST, Keys.Tokenizer.TOKEN_TYPE, Keys.Tokenizer.MERGES)]
-    if any(a is None for a in arrays):
+    keys = (Keys.Tokenizer.LIST, Keys.Tokenizer.TOKEN_TYPE, Keys.Tokenizer.MERGES)
+    if any(values.get(k) is None for k in keys):
         raise ModelError(f"{where}: no tokenizer: neither an embedded tokenizer.json nor the "
                          f"tokenizer.ggml.tokens/token_type/merges arrays")
-    return dict(files, **{"tokenizer.json": tokenizer_from_vocab(*arrays)})
+    tokens, types, merges = (values[k] for k in keys)
+    for key, array, kind in zip(keys, (tokens, types, merges), (str, int, str)):
+        if not isinstance(array, list) or not all(isinstance(item, kind) for item in array):
+            raise ModelError(f"{where}: {key} must be an array of {kind.__name__}, "
+                             f"found {type(array).__name__}")
+    if len(types) != len(tokens):
+        raise ModelError(f"{where}: {Keys.Tokenizer.TOKEN_TYPE} has {len(types)} entries, expected one per "
+                         f"token ({len(tokens)})")
+    try:
+        return dict(files, **{"tokenizer.json": tokenizer_from_vocab(tokens, types, merges)})
+    except Exception as exc:  # the tokenizers library raises bare Exceptions for inputs it refuses
+        raise ModelError(f"{where}: the tokenizer.ggml.* arrays do not make a BPE tokenizer "
+                         f"({exc})") from None
 
 
 def _layer_count(tensors: dict, prefix: str) -> int:
@@ -560,36 +570,39 @@ def _layer_count(tensors: dict, prefix: str) -> int:
 
 def _derived_fields(tensors: dict[str, StoredTensor], where: str) -> dict[str, dict]:
     """The config fields that tensor shapes determine, by section."""
-    def dims(name: str) -> tuple[int, ...]:
+    def dims(name: str, ndim: int) -> tuple[int, ...]:
         if name not in tensors:
             raise ModelError(f"{where}: no nanoasr metadata and no tensor {name} to derive the config from")
-        return tuple(tensors[name].shape)
+        shape = tuple(tensors[name].shape)
+        if len(shape) != ndim:
+            raise ModelError(f"{where}: tensor {name}: expected {ndim} dimension(s), found {list(shape)}")
+        return shape
 
     audio, text = "model.audio_tower.layers.", "model.language_model."
     n_audio = _layer_count(tensors, audio)
-    finals = sorted(int(n.split(".")[3]) for n in tensors
-                    if n.startswith(audio) and n.endswith(".final_layernorm.weight"))
-    input_size = dims(f"{audio}0.self_attn.q_proj.weight")[1]
-    head_dim = dims(f"{text}layers.0.self_attn.q_norm.weight")[0]
+    final_norm = re.compile(re.escape(audio) + r"(\d+)\.final_layernorm\.weight")
+    finals = sorted(int(m.group(1)) for m in map(final_norm.fullmatch, tensors) if m)
+    input_size = dims(f"{audio}0.self_attn.q_proj.weight", 2)[1]
+    head_dim = dims(f"{text}layers.0.self_attn.q_norm.weight", 1)[0]
     if input_size % AudioConfig.num_mel_bins or not finals:
         raise ModelError(f"{where}: audio input size {input_size} is not a multiple of "
                          f"{AudioConfig.num_mel_bins} mel bins, or no final_layernorm tensors")
     return {
         "audio": {"num_stacked_frames": input_size // AudioConfig.num_mel_bins,
-                  "hidden_size": dims(f"{audio}0.self_attn.q_proj.weight")[0],
-                  "intermediate_size": dims(f"{audio}0.mlp.fc1.weight")[0],
+                  "hidden_size": dims(f"{audio}0.self_attn.q_proj.weight", 2)[0],
+                  "intermediate_size": dims(f"{audio}0.mlp.fc1.weight", 2)[0],
                   "num_hidden_layers": n_audio, "num_timestamp_prediction_layers": n_audio - 1 - finals[0],
-                  "fsmn_kernel_size": dims(f"{audio}0.self_attn.fsmn.conv.weight")[-1]},
-        "adaptor": {"hidden_size": dims("model.multi_modal_projector.linear_2.weight")[0],
-                    "projector_hidden_size": dims("model.multi_modal_projector.linear_1.weight")[0],
-                    "intermediate_size": dims("model.multi_modal_projector.layers.0.mlp.fc1.weight")[0],
+                  "fsmn_kernel_size": dims(f"{audio}0.self_attn.fsmn.conv.weight", 3)[-1]},
+        "adaptor": {"hidden_size": dims("model.multi_modal_projector.linear_2.weight", 2)[0],
+                    "projector_hidden_size": dims("model.multi_modal_projector.linear_1.weight", 2)[0],
+                    "intermediate_size": dims("model.multi_modal_projector.layers.0.mlp.fc1.weight", 2)[0],
                     "num_hidden_layers": _layer_count(tensors, "model.multi_modal_projector.layers.")},
-        "text": {"vocab_size": dims(f"{text}embed_tokens.weight")[0],
-                 "hidden_size": dims(f"{text}embed_tokens.weight")[1],
-                 "intermediate_size": dims(f"{text}layers.0.mlp.gate_proj.weight")[0],
+        "text": {"vocab_size": dims(f"{text}embed_tokens.weight", 2)[0],
+                 "hidden_size": dims(f"{text}embed_tokens.weight", 2)[1],
+                 "intermediate_size": dims(f"{text}layers.0.mlp.gate_proj.weight", 2)[0],
                  "num_hidden_layers": _layer_count(tensors, f"{text}layers."), "head_dim": head_dim,
-                 "num_attention_heads": dims(f"{text}layers.0.self_attn.q_proj.weight")[0] // head_dim,
-                 "num_key_value_heads": dims(f"{text}layers.0.self_attn.k_proj.weight")[0] // head_dim},
+                 "num_attention_heads": dims(f"{text}layers.0.self_attn.q_proj.weight", 2)[0] // head_dim,
+                 "num_key_value_heads": dims(f"{text}layers.0.self_attn.k_proj.weight", 2)[0] // head_dim},
     }
 
 
@@ -624,7 +637,12 @@ def _source(values: dict, path: Path) -> dict:
 
 def _third_party_config(values: dict, files: dict, tensors: dict, where: str) -> Config:
     if "config.json" in files:
-        return config_mod.from_dict(json.loads(files["config.json"]), f"{where} (embedded config.json)")
+        embedded = f"{where} (embedded config.json)"
+        try:
+            raw = json.loads(files["config.json"])
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise ModelError(f"{embedded}: not valid JSON ({type(exc).__name__}: {exc})") from None
+        return config_mod.from_dict(raw, embedded)
     config, assumed = config_from_shapes(tensors, values.get(Keys.Tokenizer.LIST), where)
     warnings.warn(f"{where}: no nanoasr metadata ({SCHEMA_KEY}); config derived from tensor shapes, "
                   f"assumed {len(assumed)} field(s): {', '.join(assumed)}", stacklevel=3)

@@ -6,6 +6,7 @@ rope_theta must be stated (the Transformers default, 1e4, and Qwen3-0.6B's, 1e6,
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from nanoasr.errors import ModelError
@@ -92,6 +93,16 @@ class Config:
         return dataclasses.asdict(self)
 
 
+def _number(value, where: str, key: str) -> float:
+    """A JSON/GGUF number as float; bools and non-numbers are errors, huge integers become inf."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ModelError(f"{where}: {key} must be a number, found {value!r}")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf  # rejected by check() as not finite
+
+
 def _pick(cls, raw: dict, where: str, **renamed):
     """The dataclass fields present in `raw` (unknown keys are ignored; wrong types are errors)."""
     values = {}
@@ -100,8 +111,8 @@ def _pick(cls, raw: dict, where: str, **renamed):
         if key in raw and raw[key] is not None:
             value = raw[key]
             expected = type(f.default)
-            if expected is float and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
+            if expected is float:
+                value = _number(value, where, key)
             if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
                 raise ModelError(f"{where}: {key} must be {expected.__name__}, found {value!r}")
             values[f.name] = value
@@ -109,13 +120,27 @@ def _pick(cls, raw: dict, where: str, **renamed):
 
 
 def _rope_theta(text: dict, where: str) -> float:
-    params = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    theta = text.get("rope_theta", params.get("rope_theta"))
+    key = "rope_parameters" if text.get("rope_parameters") else "rope_scaling"
+    params = text.get(key) or {}
+    if not isinstance(params, dict):
+        raise ModelError(f"{where}: text_config.{key} must be an object, found {params!r}")
+    theta = text.get("rope_theta")
+    if theta is None:  # absent or null at the top of text_config: the rope_parameters spelling
+        theta = params.get("rope_theta")
     if theta is None:
         raise ModelError(f"{where}: text_config has neither rope_theta nor rope_parameters.rope_theta")
     if params.get("rope_type", "default") != "default":
         raise ModelError(f"{where}: rope_type {params['rope_type']!r} is not supported (expected 'default')")
-    return float(theta)
+    return _number(theta, where, "text_config.rope_theta")
+
+
+def _section(raw: dict, key: str, where: str) -> dict:
+    value = raw.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ModelError(f"{where}: {key} must be an object, found {type(value).__name__}")
+    return value
 
 
 # Adaptor fields as older checkpoints spelled them at the top level of config.json.
@@ -138,22 +163,27 @@ def from_dict(raw: dict, where: str = "config.json") -> Config:
     text_raw = raw.get("text_config")
     if not isinstance(text_raw, dict):
         raise ModelError(f"{where}: text_config is missing; this does not look like a Fun-ASR-Nano config")
-    audio = _pick(AudioConfig, raw.get("audio_config") or {}, f"{where} audio_config")
-    if isinstance(raw.get("adaptor_config"), dict):
-        adaptor = _pick(AdaptorConfig, raw["adaptor_config"], f"{where} adaptor_config")
+    audio = _pick(AudioConfig, _section(raw, "audio_config", where), f"{where} audio_config")
+    if raw.get("adaptor_config") is not None:
+        adaptor = _pick(AdaptorConfig, _section(raw, "adaptor_config", where), f"{where} adaptor_config")
     else:
         adaptor = _pick(AdaptorConfig, raw, f"{where} (flat adaptor fields)", **LEGACY_ADAPTOR_KEYS)
     text = _pick(TextConfig, text_raw, f"{where} text_config")
     text = dataclasses.replace(text, rope_theta=_rope_theta(text_raw, where))
     tie = raw.get("tie_word_embeddings", text_raw.get("tie_word_embeddings", True))
-    text = dataclasses.replace(text, tie_word_embeddings=bool(tie))
-    config = Config(audio, adaptor, text, int(raw.get("audio_token_id", Config.audio_token_id)))
+    if not isinstance(tie, bool):
+        raise ModelError(f"{where}: tie_word_embeddings must be true or false, found {tie!r}")
+    text = dataclasses.replace(text, tie_word_embeddings=tie)
+    config = Config(audio, adaptor, text, raw.get("audio_token_id", Config.audio_token_id))
     check(config, where)
     return config
 
 
 def check(config: Config, where: str) -> None:
     """Reject configs the engine cannot run, with the field, the expected and the found value."""
+    wrong_kind = next(_range_errors(config), None)
+    if wrong_kind:
+        raise ModelError(f"{where}: {wrong_kind}")
     a, p, t = config.audio, config.adaptor, config.text
     rules = [
         (a.hidden_act in ACTIVATIONS,
@@ -187,3 +217,18 @@ def check(config: Config, where: str) -> None:
     for ok, message in rules:
         if not ok:
             raise ModelError(f"{where}: {message}")
+
+
+def _range_errors(config: Config):
+    """Sizes must be positive integers and eps/theta positive finite numbers (before a rule divides)."""
+    for section, values in (("audio_config", config.audio), ("adaptor_config", config.adaptor),
+                            ("text_config", config.text)):
+        for f in dataclasses.fields(values):
+            value = getattr(values, f.name)
+            expected = type(f.default)
+            if expected is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                yield f"{section}.{f.name} must be a positive integer, found {value!r}"
+            if expected is float and (not isinstance(value, float) or not math.isfinite(value) or value <= 0):
+                yield f"{section}.{f.name} must be a positive finite number, found {value!r}"
+    if isinstance(config.audio_token_id, bool) or not isinstance(config.audio_token_id, int):
+        yield f"audio_token_id must be an integer token id, found {config.audio_token_id!r}"

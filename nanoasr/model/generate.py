@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from nanoasr.backend import array_module, to_numpy
+from nanoasr.errors import ModelError
 from nanoasr.model import decoder
 from nanoasr.model.config import TextConfig
 from nanoasr.model.decoder import KVCache
+from nanoasr.tensor import StoredTensor, has_nonfinite
 
 MAX_NEW_TOKENS = 512  # hard cap per segment
 # A loop is the tail repeating a pattern of `period` tokens at least
@@ -58,6 +60,28 @@ def _greedy(logits, suppress=()):  # [B, vocab] -> (ids [B], log-probability of 
     top = xp.take_along_axis(logits, ids[:, None], axis=-1)[:, 0]
     logprob = -xp.log(xp.exp(logits - top[:, None]).sum(axis=-1))
     return to_numpy(ids).tolist(), to_numpy(logprob).tolist()
+
+
+def _holds_nonfinite(t) -> bool:
+    if isinstance(t, StoredTensor):
+        return has_nonfinite(t)
+    return not bool(array_module(t).isfinite(t).all())
+
+
+def _nonfinite_weights(w) -> ModelError:
+    """The error for prefill logits that hold NaN/Inf, naming the weights that do (the rare path, so every
+    tensor is read now; dense matrices are not scanned at load)."""
+    bad = []
+    for name, t in w.items():
+        if _holds_nonfinite(t):
+            data = t.data if isinstance(t, StoredTensor) else t
+            source = getattr(data, "filename", None)  # a memory map knows its file
+            bad.append(f"{name} (in {source})" if source else name)
+    if not bad:
+        return ModelError("the decoder's logits hold NaN or Inf although every weight is finite: the "
+                          "activations overflow float32 (weights badly scaled, or an extreme config value)")
+    return ModelError(f"the decoder's logits hold NaN or Inf: expected finite weights, found NaN or Inf in "
+                      f"{len(bad)} tensor(s): {', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}")
 
 
 def _finish(ids: list[int], budget: int, stop_ids, ignore_stop: bool) -> Generation | None:
@@ -104,7 +128,10 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
             cache.reserve(len(e) + budget)
             start = time.perf_counter()
             hidden = decoder.forward(e[None], w, cfg, cache, slice(active, active + 1), [0])
-            ids, lps = _greedy(decoder.logits(hidden, w), suppress)
+            logits = decoder.logits(hidden, w)
+            if not array_module(logits).isfinite(logits).all():  # before `suppress` writes its -inf
+                raise _nonfinite_weights(w)
+            ids, lps = _greedy(logits, suppress)
             clock["prefill"] = clock.get("prefill", 0.0) + (time.perf_counter() - start) * 1e3
             item_of_row[active] = len(results)
             results.append(None)

@@ -11,18 +11,19 @@ IM_START, IM_END, END_OF_TEXT, AUDIO = "<|im_start|>", "<|im_end|>", "<|endoftex
 
 
 class Tokenizer:
-    def __init__(self, tokenizer_json: str, audio_token_id: int, where: str = "tokenizer.json"):
+    def __init__(self, tokenizer_json: str, audio_token_id: int, where: str = "model"):
         try:
             self._tok = HFTokenizer.from_str(tokenizer_json)
         except Exception as exc:  # tokenizers raises a bare Exception for malformed JSON
-            raise ModelError(f"{where}: cannot be read by the tokenizers library ({exc})") from None
+            raise ModelError(f"{where}: tokenizer.json cannot be read by the tokenizers library "
+                             f"({exc})") from None
         ids = {}
         for token in (IM_START, IM_END, END_OF_TEXT, AUDIO):
             ids[token] = self._tok.token_to_id(token)
             if ids[token] is None:
-                raise ModelError(f"{where}: special token {token} is missing")
+                raise ModelError(f"{where}: tokenizer.json: special token {token} is missing")
         if ids[AUDIO] != audio_token_id:
-            raise ModelError(f"{where}: {AUDIO} has id {ids[AUDIO]} "
+            raise ModelError(f"{where}: tokenizer.json: {AUDIO} has id {ids[AUDIO]} "
                              f"but config audio_token_id is {audio_token_id}")
         self.im_end, self.end_of_text, self.audio = ids[IM_END], ids[END_OF_TEXT], ids[AUDIO]
         self.stop_ids = (self.im_end, self.end_of_text)

@@ -18,7 +18,7 @@ from nanoasr.errors import ModelError
 from nanoasr.formats import safetensors
 from nanoasr.model import config as config_mod
 from nanoasr.model.config import Config
-from nanoasr.tensor import DENSE_TYPES, StoredTensor
+from nanoasr.tensor import BLOCK_TYPES, DENSE_TYPES, StoredTensor, has_nonfinite
 
 TEXT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
               "processor_config.json", "generation_config.json")
@@ -72,7 +72,18 @@ def expected_tensors(config: Config) -> dict[str, tuple[tuple[int, ...], str]]:
     return out
 
 
+def _check_layer_counts(tensors: dict[str, StoredTensor], config: Config, where: str) -> None:
+    """Every layer holds at least one tensor: a larger layer count is refused before the expected-name table
+    is built (a count of 10**9 would otherwise take the memory of a billion names)."""
+    for section in ("audio", "adaptor", "text"):
+        n_layers = getattr(config, section).num_hidden_layers
+        if n_layers > len(tensors):
+            raise ModelError(f"{where}: {section}_config.num_hidden_layers is {n_layers}, but the checkpoint "
+                             f"holds only {len(tensors)} tensors (expected at least one per layer)")
+
+
 def validate(tensors: dict[str, StoredTensor], config: Config, where: str) -> None:
+    _check_layer_counts(tensors, config, where)
     expected = expected_tensors(config)
     missing = [n for n in expected if n not in tensors]
     if missing:
@@ -90,11 +101,24 @@ def validate(tensors: dict[str, StoredTensor], config: Config, where: str) -> No
         if kind != "matrix" and t.dtype not in DENSE_TYPES:
             raise ModelError(f"{where}: tensor {name}: expected a float type (F32/F16/BF16), "
                              f"found {t.dtype}")
+    check_finite_at_load(tensors, expected, where)
     lm_head = tensors.get("lm_head.weight")
     if (lm_head is not None
             and tuple(lm_head.shape) != expected["model.language_model.embed_tokens.weight"][0]):
         raise ModelError(f"{where}: tensor lm_head.weight: expected the embedding's shape, "
                          f"found {list(lm_head.shape)}")
+
+
+def check_finite_at_load(tensors: dict[str, StoredTensor], expected: dict, where: str) -> None:
+    """NaN/Inf in the small tensors: vectors and kernels (widened at load anyway) and the block scales of
+    quantized matrices. Dense matrices are left to the first forward (generate.py): reading them all here
+    would page in the whole checkpoint."""
+    for name, t in tensors.items():
+        kind = expected[name][1] if name in expected else "matrix"  # lm_head.weight
+        if (kind != "matrix" or t.dtype in BLOCK_TYPES) and has_nonfinite(t):
+            part = "block scales" if t.dtype in BLOCK_TYPES else "values"
+            raise ModelError(f"{where}: tensor {name}: expected finite {part}, found NaN or Inf "
+                             f"({t.dtype} {list(t.shape)})")
 
 
 # --- other published layouts -> logical names ---------------------------------------------------------
@@ -207,7 +231,7 @@ def to_logical(tensors: dict[str, StoredTensor], config: Config) -> dict[str, St
     return out
 
 
-def _legacy_config(raw: dict) -> dict:
+def _legacy_config(raw: dict, where: str) -> dict:
     """The first Hub revision's `encoder_config` spelled as the nested audio_config (same meaning)."""
     enc = raw.get("encoder_config")
     if not isinstance(enc, dict) or "audio_config" in raw:
@@ -215,23 +239,41 @@ def _legacy_config(raw: dict) -> dict:
     renamed = {"d_model": "hidden_size", "encoder_attention_heads": "num_attention_heads",
                "encoder_ffn_dim": "intermediate_size", "kernel_size": "fsmn_kernel_size"}
     audio = {renamed.get(k, k): v for k, v in enc.items()}
+    main, timestamp = enc.get("encoder_layers", 0), enc.get("num_timestamp_prediction_blocks", 0)
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in (main, timestamp)):
+        raise ModelError(f"{where}: encoder_config.encoder_layers and num_timestamp_prediction_blocks must "
+                         f"be integers, found {main!r} and {timestamp!r}")
     if "encoder_layers" in enc:  # transcription layers; the timestamp layers come on top
-        audio["num_hidden_layers"] = enc["encoder_layers"] + enc.get("num_timestamp_prediction_blocks", 0)
+        audio["num_hidden_layers"] = main + timestamp
     if "num_timestamp_prediction_blocks" in enc:
-        audio["num_timestamp_prediction_layers"] = enc["num_timestamp_prediction_blocks"]
+        audio["num_timestamp_prediction_layers"] = timestamp
     return dict(raw, audio_config=audio)
 
 
-def load_config(path: Path) -> Config:
+def _read_json(path: Path, what: str):
+    """A JSON file's value; a missing, unreadable, non-UTF-8 or malformed file is one ModelError."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ModelError(f"{path}: config.json not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{path}: not valid JSON ({exc})") from None
+        raise ModelError(f"{path}: {what} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a directory, no permission, not UTF-8
+        raise ModelError(f"{path}: {what} cannot be read ({exc})") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ModelError(f"{path}: {what} is not valid JSON ({type(exc).__name__}: {exc})") from None
+
+
+def load_config(path: Path) -> Config:
+    raw = _read_json(path, "config.json")
     if not isinstance(raw, dict):
         raise ModelError(f"{path}: expected a JSON object, found {type(raw).__name__}")
-    return config_mod.from_dict(_legacy_config(raw), str(path))
+    return config_mod.from_dict(_legacy_config(raw, str(path)), str(path))
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{path}: cannot be read as UTF-8 text ({exc})") from None
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -246,8 +288,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if not path.is_dir():
         raise ModelError(f"{path}: expected a checkpoint directory or a .gguf file")
     config = load_config(path / "config.json")
-    files = {name: (path / name).read_text(encoding="utf-8")
-             for name in TEXT_FILES if (path / name).is_file()}
+    files = {name: _read_text(path / name) for name in TEXT_FILES if (path / name).is_file()}
     if "tokenizer.json" not in files:
         raise ModelError(f"{path}: tokenizer.json is missing (the checkpoint's tokenizer is required)")
     tensors = to_logical(safetensors.read_checkpoint_dir(path), config)
