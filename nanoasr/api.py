@@ -6,6 +6,8 @@ one at a time, and gives the same result it gives alone.
 from __future__ import annotations
 
 import logging
+import numbers
+import reprlib
 import threading
 import time
 from contextlib import contextmanager
@@ -25,6 +27,9 @@ REFERENCES = ("funasr", "transformers")
 FUNASR_ADAPTOR_EPS = 1e-12  # the authors' adaptor LayerNorm eps (DESIGN §2)
 MAX_SEGMENT_S = 30.0
 BATCH_SIZE = 8  # segments decoded together
+# The KV cache of the segments decoded together stays under this (one row at least): a prompt near its token
+# limit makes a row about 1 GB on the full-size model, so long prompts decode fewer segments at once.
+MAX_CACHE_BYTES = 2 << 30
 log = logging.getLogger(__name__)
 
 
@@ -39,16 +44,49 @@ class Options:
     ignore_stop: bool = False  # decode exactly the budget (reference comparisons and benchmarks)
 
     def __post_init__(self):
+        """Every option is checked here, before any audio is decoded. `hotwords` may come as any sequence of
+        strings (it is kept as a tuple); the prompt's length limits are nanoasr.model.prompt's."""
+        _check_type("language", self.language, (str, type(None)), "a string or None")
+        _check_type("itn", self.itn, bool, "True or False")
+        _check_type("context", self.context, (str, type(None)), "a string or None")
+        _check_type("reference", self.reference, str, "a string")
+        _check_type("ignore_stop", self.ignore_stop, bool, "True or False")
+        budget = self.max_new_tokens
+        if budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, numbers.Integral):
+                raise OptionError(f"max_new_tokens must be a whole number or None; got "
+                                  f"{reprlib.repr(budget)} ({type(budget).__name__})")
+            object.__setattr__(self, "max_new_tokens", int(budget))
+        object.__setattr__(self, "hotwords", _hotword_tuple(self.hotwords))
         if self.reference not in REFERENCES:
             raise OptionError(f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}")
         if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= generate.MAX_NEW_TOKENS:
             raise OptionError(f"max_new_tokens must be between 1 and {generate.MAX_NEW_TOKENS}; "
                               f"got {self.max_new_tokens}")
-        # validates language, hotwords
+        # language, hotwords and context, and their length limits
         prompt.instruction(self.language, self.itn, self.hotwords, self.context)
 
     def prompt_options(self) -> dict:
         return dict(language=self.language, itn=self.itn, hotwords=self.hotwords, context=self.context)
+
+
+def _check_type(name: str, value, types, accepted: str) -> None:
+    if not isinstance(value, types):
+        raise OptionError(f"{name} must be {accepted}; got {reprlib.repr(value)} ({type(value).__name__})")
+
+
+def _hotword_tuple(hotwords) -> tuple[str, ...]:
+    if isinstance(hotwords, (str, bytes)):  # tuple("abc") would make three hotwords of it
+        raise OptionError(f"hotwords must be a list of strings, not one string: give [word] for a single "
+                          f"hotword; got {reprlib.repr(hotwords)}")
+    try:
+        words = tuple(hotwords)
+    except TypeError:
+        raise OptionError(f"hotwords must be a list of strings; got {type(hotwords).__name__}") from None
+    for word in words:
+        if not isinstance(word, str):
+            raise OptionError(f"hotwords must be strings; got {reprlib.repr(word)} ({type(word).__name__})")
+    return words
 
 
 class Timer:
@@ -145,13 +183,14 @@ class Model:
     def transcribe(self, audio, *, sample_rate: int | None = None, language: str | None = None,
                    itn: bool = True, hotwords=(), context: str | None = None, reference: str = "funasr",
                    max_new_tokens: int | None = None, ignore_stop: bool = False,
-                   on_segment=None) -> Transcript:
+                   max_duration_s: float | None = None, on_segment=None) -> Transcript:
         """Transcribe a path, encoded bytes, a binary file object, or an array (with `sample_rate`).
 
         `on_segment(segment)`, when given, is called as each segment is finished, in order.
+        `max_duration_s` refuses longer audio with AudioTooLongError (default: no limit).
         """
-        options = Options(language, itn, tuple(hotwords), context, reference, max_new_tokens, ignore_stop)
-        return self._transcribe(audio, sample_rate, options, on_segment)
+        options = Options(language, itn, hotwords, context, reference, max_new_tokens, ignore_stop)
+        return self._transcribe(audio, sample_rate, options, on_segment, max_duration_s)
 
     def transcribe_batch(self, inputs, **kwargs) -> list[Transcript]:
         """Transcribe several inputs with the same options, in order.
@@ -166,15 +205,18 @@ class Model:
                 out.append(self.transcribe(x, **kwargs))
         return out
 
-    def _transcribe(self, audio, sample_rate, options: Options, on_segment=None) -> Transcript:
+    def _transcribe(self, audio, sample_rate, options: Options, on_segment=None,
+                    max_duration_s=None) -> Transcript:
         from nanoasr.audio.io import SAMPLE_RATE, load_audio
         from nanoasr.audio.segment import split
 
         start = time.perf_counter()
         timer = Timer()
+        # the prompt's text tokens, counted (and held to their limit) before any audio is read
+        text_tokens = len(prompt.prompt_ids(self.tokenizer, 0, **options.prompt_options())[0])
         with self._lock, self._threads():
             with timer.stage("load_audio"):
-                wave = load_audio(audio, sample_rate)
+                wave = load_audio(audio, sample_rate, max_duration_s=max_duration_s)
             duration = len(wave) / SAMPLE_RATE
             if duration <= MAX_SEGMENT_S:
                 spans = [(0, len(wave))] if split(wave, MAX_SEGMENT_S) else []
@@ -198,7 +240,8 @@ class Model:
             if spans:
                 generate.generate(self._segment_prompts(wave, spans, options, timer), budgets, self.weights,
                                   self.config.text, self.tokenizer.stop_ids, options.ignore_stop,
-                                  rows=min(BATCH_SIZE, len(spans)), timings=timer.ms, on_done=emit)
+                                  rows=self._decode_rows(spans, budgets, text_tokens, options.reference),
+                                  timings=timer.ms, on_done=emit)
         timer.ms["total"] = (time.perf_counter() - start) * 1e3
         cut = [s.finish_reason for s in segments if s.truncated]
         if cut:
@@ -207,6 +250,15 @@ class Model:
                         cut.count("repetition"))
         code = prompt.language_code(options.language)
         return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, duration, timer.ms)
+
+    def _decode_rows(self, spans, budgets, text_tokens: int, reference: str) -> int:
+        """Segments decoded together: BATCH_SIZE, fewer when their cache rows would pass MAX_CACHE_BYTES."""
+        from nanoasr.audio.fbank import n_lfr_frames
+
+        audio_tokens = max(prompt.n_audio_tokens(n_lfr_frames(b - a), reference) for a, b in spans)
+        positions = text_tokens + audio_tokens + max(budgets)
+        row_bytes = positions * decoder.cache_bytes_per_position(self.config.text)
+        return max(1, min(BATCH_SIZE, len(spans), MAX_CACHE_BYTES // row_bytes))
 
     @contextmanager
     def _threads(self):

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import json
 import logging
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -93,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("-o", "--output-dir", default=None, metavar="DIR",
                         help="write one file per input and format here, created if missing "
                              "(default: none, print on stdout)")
+    output.add_argument("--max-duration", type=float, default=None, metavar="SECONDS",
+                        help="refuse inputs longer than this, with one error line each (default: no limit)")
     output.add_argument("-r", "--recursive", action="store_true",
                         help="directories: also the audio files in their subdirectories")
     output.add_argument("--skip-existing", action="store_true",
@@ -283,6 +286,8 @@ def _check_usage(args, parser) -> tuple[tuple[str, ...], dict]:
         parser.error("--skip-existing needs -o DIR: it skips inputs whose files there exist")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be at least 1; got {args.threads}")
+    if args.max_duration is not None and not (math.isfinite(args.max_duration) and args.max_duration > 0):
+        parser.error(f"--max-duration must be a positive number of seconds; got {args.max_duration}")
     hotwords = list(args.hotword)
     if args.hotwords_file is not None:
         hotwords += read_hotwords(args.hotwords_file, parser)
@@ -317,7 +322,7 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
     segments = []
     files_cut = 0
     for index, item in enumerate(todo, 1):
-        transcript = _transcribe_one(model, item, index, len(todo), options, progress)
+        transcript = _transcribe_one(model, item, index, len(todo), options, progress, args.max_duration)
         if transcript is None:
             failed += 1
             continue
@@ -336,12 +341,13 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
     return 1 if failed else 0
 
 
-def _transcribe_one(model, item: Item, index: int, total: int, options: dict, progress):
+def _transcribe_one(model, item: Item, index: int, total: int, options: dict, progress,
+                    max_duration_s: float | None):
     from nanoasr.audio.io import SAMPLE_RATE, load_audio
 
     started = time.perf_counter()
     try:
-        wave = load_audio(item.source)
+        wave = load_audio(item.source, max_duration_s=max_duration_s)
         progress.start(index, total, item.label, len(wave) / SAMPLE_RATE)
         transcript = model.transcribe(wave, sample_rate=SAMPLE_RATE, on_segment=progress.segment, **options)
     except NanoasrError as exc:

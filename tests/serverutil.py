@@ -1,8 +1,10 @@
-"""Test servers on 127.0.0.1, port 0: an ASGI app on a thread, or `nanoasr serve` in a subprocess."""
+"""Test servers on 127.0.0.1, port 0: an ASGI app on a thread, or `nanoasr serve` in a subprocess; and raw
+socket clients that misbehave in ways an HTTP library will not."""
 import os
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -10,6 +12,8 @@ import time
 from contextlib import contextmanager
 
 import uvicorn
+
+UPLOAD_PREFIX = "nanoasr-upload-"
 
 
 @contextmanager
@@ -58,3 +62,60 @@ def serving(args, log_path, timeout=120):
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def upload_files(root) -> list[pathlib.Path]:
+    """Upload files in progress anywhere under `root` (each server keeps them in its own directory)."""
+    return [p for p in pathlib.Path(root).rglob(UPLOAD_PREFIX + "*") if p.is_file()]
+
+
+def wait_until(condition, timeout=10.0, what="the condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout} s")
+        time.sleep(0.01)
+
+
+def stalled_upload(base: str, sent: int = 100_000, length: int = 900_000,
+                   expect_continue=False) -> socket.socket:
+    """A client that announces a `length`-byte multipart upload, sends its first `sent` bytes of file data,
+    then goes silent; with `expect_continue` it sends only the headers and waits for "100 Continue", as
+    curl does with large uploads. The caller closes it."""
+    host, port = base.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    part = b'--xx\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n' + bytes(sent)
+    sock.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: multipart/form-data; boundary=xx\r\n"
+                 + (b"Expect: 100-continue\r\n" if expect_continue else b"")
+                 + f"Content-Length: {length}\r\n\r\n".encode() + (b"" if expect_continue else part))
+    return sock
+
+
+def response_head(sock: socket.socket, timeout: float) -> tuple[int | None, bytes]:
+    """(status, lower-cased head) of the response on `sock`; (None, b"") when the server closed it first."""
+    sock.settimeout(timeout)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        try:
+            chunk = sock.recv(4096)
+        except ConnectionResetError:
+            chunk = b""
+        if not chunk:
+            return None, b""
+        data += chunk
+    head = data.split(b"\r\n\r\n", 1)[0].lower()
+    return int(head.split(b" ", 2)[1]), head
+
+
+def closed_by_server(sock: socket.socket, timeout: float) -> bool:
+    """Whether the server closes `sock` within `timeout` (the rest of the response is read and dropped)."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return False
+    return True

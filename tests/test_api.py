@@ -140,6 +140,77 @@ def test_bad_input_and_options_raise_value_errors(tiny_model, wave):
     assert issubclass(nanoasr.AudioError, ValueError) and issubclass(nanoasr.OptionError, ValueError)
 
 
+BAD_OPTIONS = [
+    (dict(hotwords="abc"), "hotwords must be a list of strings, not one string"),
+    (dict(hotwords=5), "hotwords must be a list of strings; got int"),
+    (dict(hotwords=["a", 3]), r"hotwords must be strings; got 3 \(int\)"),
+    (dict(hotwords=[b"a"]), r"hotwords must be strings; got b'a' \(bytes\)"),
+    (dict(itn="no"), r"itn must be True or False; got 'no' \(str\)"),
+    (dict(itn=0), r"itn must be True or False; got 0 \(int\)"),
+    (dict(language=5), r"language must be a string or None; got 5 \(int\)"),
+    (dict(context=["a"]), r"context must be a string or None; got \['a'\] \(list\)"),
+    (dict(max_new_tokens=2.5), r"max_new_tokens must be a whole number or None; got 2.5 \(float\)"),
+    (dict(max_new_tokens=True), r"max_new_tokens must be a whole number or None; got True \(bool\)"),
+    (dict(max_new_tokens="8"), "max_new_tokens must be a whole number"),
+    (dict(max_new_tokens=0), "max_new_tokens must be between 1 and 512; got 0"),
+    (dict(ignore_stop="yes"), r"ignore_stop must be True or False; got 'yes' \(str\)"),
+    (dict(reference=None), r"reference must be a string; got None \(NoneType\)"),
+    (dict(reference="torch"), "reference must be one of funasr, transformers; got 'torch'"),
+    (dict(language="klingon"), "unknown language 'klingon'"),
+    (dict(hotwords=["x" * 60_000]), "a hotword is limited to 100 characters; got 60000"),
+    (dict(hotwords=["w"] * 101), "at most 100 hotwords are accepted; got 101"),
+    (dict(hotwords=["x" * 90] * 50), "hotwords are limited to 4096 characters in all; got 4500"),
+    (dict(context="y" * 4097), "context is limited to 4096 characters; got 4097"),
+]
+
+
+@pytest.mark.parametrize("options, message", BAD_OPTIONS)
+def test_bad_options_are_refused_before_any_audio_is_read(tiny_model, options, message):
+    """An OptionError naming the option, what it accepts and what it got, not a TypeError from deep
+    inside, and before the audio is touched: a missing file would otherwise raise AudioError first."""
+    with pytest.raises(nanoasr.OptionError, match=message):
+        tiny_model.transcribe("/nonexistent.wav", **options)
+
+
+def test_options_at_their_limits_and_of_other_sequence_types_are_taken():
+    from nanoasr.api import Options
+
+    at_limits = Options(hotwords=["x" * 100] * 40 + ["y" * 96], context="z" * 4096,
+                        max_new_tokens=np.int64(512))
+    assert at_limits.max_new_tokens == 512 and type(at_limits.max_new_tokens) is int
+    assert Options(hotwords=["a", "b"]).hotwords == Options(hotwords=(w for w in "ab")).hotwords == ("a", "b")
+
+
+def test_the_prompt_token_limit_is_checked_before_any_audio_is_read(tiny_model):
+    rare = "\U00013000" * 1500  # within the character limits; an Egyptian hieroglyph is three tokens
+    with pytest.raises(nanoasr.OptionError, match="the prompt is limited to 4096 text tokens"):
+        tiny_model.transcribe("/nonexistent.wav", context=rare)
+
+
+def test_the_cache_row_size_is_what_a_cache_allocates(tiny_model):
+    from nanoasr.model.decoder import KVCache, cache_bytes_per_position
+
+    cfg = tiny_model.config.text
+    cache = KVCache(cfg, batch=3, capacity=17)
+    assert cache_bytes_per_position(cfg) * 3 * 17 == cache.k.nbytes + cache.v.nbytes
+
+
+def test_long_prompts_decode_fewer_segments_at_once_with_the_same_ids(tiny_model, monkeypatch):
+    from nanoasr import api
+    from nanoasr.model import generate
+
+    wave = speech_like(150.0, seed=3, silence_every_s=10)
+    rows = []
+    real_generate = generate.generate
+    monkeypatch.setattr(generate, "generate",
+                        lambda *a, **k: rows.append(k["rows"]) or real_generate(*a, **k))
+    full = tiny_model.transcribe(wave, sample_rate=SR, context="a context " * 100, max_new_tokens=6)
+    monkeypatch.setattr(api, "MAX_CACHE_BYTES", 1)  # smaller than any row: one row at a time
+    narrow = tiny_model.transcribe(wave, sample_rate=SR, context="a context " * 100, max_new_tokens=6)
+    assert rows == [api.BATCH_SIZE, 1] and len(full.segments) > api.BATCH_SIZE
+    assert [s.token_ids for s in narrow.segments] == [s.token_ids for s in full.segments]
+
+
 def test_load_model_and_import_stay_light(tiny_dir):
     code = ("import sys, nanoasr\n"
             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'numba', 'cupy', 'torch', "

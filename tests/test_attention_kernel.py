@@ -1,8 +1,12 @@
-"""The decode-attention kernel against a float64 softmax(q k^T) v written out per row and head."""
+"""The decode-attention kernel against a float64 softmax(q k^T) v written out per row and head, and against
+its numpy twin, the decoder's prefill attention, whose blocks keep its scores within a fixed size."""
+import tracemalloc
+
 import numpy as np
 import pytest
 
 from nanoasr.kernels.attention import decode_attention
+from nanoasr.model import decoder
 
 
 def reference(q, keys, values, lengths):  # float64, one (row, kv head, query head) at a time
@@ -38,3 +42,107 @@ def test_positions_past_a_rows_length_are_never_read():
     before = decode_attention(q, keys, values, [4, 10])
     keys[0, :, 4:], values[0, :, 4:] = np.nan, np.nan
     np.testing.assert_array_equal(decode_attention(q, keys, values, [4, 10]), before)
+
+
+def twin(q, keys, values, lengths):  # the decoder's prefill path for one new position per row
+    b, kvh, group, hd = q.shape
+    positions = np.asarray(lengths)[:, None] - 1  # [B, 1]
+    m = int(positions.max()) + 1
+    unscaled = (q / np.float32(hd ** -0.5)).reshape(b, 1, kvh * group, hd)
+    out = decoder._prefill_attention(unscaled, keys[:, :, :m], values[:, :, :m], positions, group)
+    return out.reshape(q.shape)
+
+
+def test_hostile_rows_are_defined_and_match_the_twin():
+    """A NaN query, or one whose scores overflow to inf, gives a NaN row (softmax of a row without a finite
+    maximum); a huge finite query puts all weight on its best key. Nothing raises."""
+    rng = np.random.default_rng(9)
+    keys = np.abs(rng.standard_normal((5, 2, 12, 16))).astype(np.float32) + 0.5  # positive: q . k overflows
+    values = rng.standard_normal(keys.shape).astype(np.float32)
+    q = rng.standard_normal((5, 2, 2, 16)).astype(np.float32)
+    q[0, 0, 0, 3] = np.nan
+    q[1, 1, 1] = 3e38
+    q[2, 0, 1] = rng.standard_normal(16) * 1e30
+    q[3, 1] = -np.inf
+    lengths = [12, 7, 12, 5, 1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = twin(q, keys, values, lengths)
+    got = decode_attention(q, keys, values, lengths)
+    nan_heads = np.isnan(got).all(-1)
+    assert nan_heads[0, 0, 0] and nan_heads[1, 1, 1] and nan_heads[3, 1].all()
+    assert not np.isnan(got[2]).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    best = np.argmax(keys[2, 0, :12] @ q[2, 0, 1].astype(np.float64))
+    np.testing.assert_array_equal(got[2, 0, 1], values[2, 0, best])
+
+
+@pytest.mark.parametrize("lengths", [[0, 3], [3, 11], [3]])
+def test_lengths_outside_the_cache_are_refused(lengths):
+    q = np.zeros((2, 1, 1, 8), np.float32)
+    keys = np.zeros((2, 1, 10, 8), np.float32)
+    with pytest.raises(ValueError, match="one length per row, each 1 to 10"):
+        decode_attention(q, keys, keys, lengths)
+
+
+def prefill_case(kv_heads, group, n, start, hd=16, seed=0):
+    rng = np.random.default_rng(seed)
+    m = start + n
+    q = rng.standard_normal((1, n, kv_heads * group, hd)).astype(np.float32)
+    keys, values = rng.standard_normal((2, 1, kv_heads, m, hd)).astype(np.float32)
+    positions = start + np.arange(n)[None, :]
+    return q, keys, values, positions
+
+
+def reference_prefill(q, keys, values, positions, group):  # float64, causal, one query row at a time
+    _, n, heads, hd = q.shape
+    out = np.zeros((n, heads, hd))
+    for i, p in enumerate(positions[0]):
+        for h in range(heads):
+            k, v = keys[0, h // group, :p + 1].astype(np.float64), values[0, h // group, :p + 1]
+            s = k @ q[0, i, h].astype(np.float64) * hd ** -0.5
+            e = np.exp(s - s.max())
+            out[i, h] = e / e.sum() @ v
+    return out.reshape(1, n, -1)
+
+
+def test_blocks_of_kv_heads_give_the_bits_of_one_block(monkeypatch):
+    """Each kv head's product is its own GEMM either way, so splitting the heads changes no bit."""
+    q, keys, values, positions = prefill_case(kv_heads=4, group=2, n=30, start=9)
+    whole = decoder._prefill_attention(q, keys, values, positions, 2)
+    per_head = 4 * 2 * 30 * 39
+    for heads in (1, 3):
+        monkeypatch.setattr(decoder, "PREFILL_SCORE_BYTES", heads * per_head)
+        assert decoder._score_blocks(1, 4, 2, 30, 39) == (heads, 30)
+        np.testing.assert_array_equal(decoder._prefill_attention(q, keys, values, positions, 2), whole)
+
+
+def test_blocks_of_query_rows_keep_the_causal_mask(monkeypatch):
+    """Blocks of 7 query rows (and a last one of 2): each block masks its own keys. BLAS rounds a row's
+    products by its place in the matrix, so row blocks agree with one block to float32 rounding, not bits."""
+    q, keys, values, positions = prefill_case(kv_heads=2, group=2, n=30, start=5, seed=1)
+    whole = decoder._prefill_attention(q, keys, values, positions, 2)
+    monkeypatch.setattr(decoder, "PREFILL_SCORE_BYTES", 4 * 2 * 7 * 35)
+    assert decoder._score_blocks(1, 2, 2, 30, 35) == (1, 7)
+    blocked = decoder._prefill_attention(q, keys, values, positions, 2)
+    want = reference_prefill(q, keys, values, positions, 2)
+    np.testing.assert_allclose(blocked, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(blocked, whole, rtol=1e-6, atol=1e-7)
+
+
+def test_prefill_scores_stay_within_the_bound_whatever_the_prompt_length(monkeypatch):
+    """4,000 positions: one block's scores would be 8 x 4000 x 4000 x 4 bytes = 512 MB; bounded to 1 MiB, the
+    whole call allocates a few MiB (its inputs and output are 2 MB)."""
+    q, keys, values, positions = prefill_case(kv_heads=4, group=2, n=4000, start=0, hd=8, seed=2)
+    monkeypatch.setattr(decoder, "PREFILL_SCORE_BYTES", 1 << 20)
+    decoder._prefill_attention(*prefill_case(kv_heads=1, group=2, n=3, start=0), 2)  # load the kernels first
+    tracemalloc.start()
+    try:
+        out = decoder._prefill_attention(q, keys, values, positions, 2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 << 20, f"{peak / 2**20:.1f} MiB"
+    rows = [0, 1, 2345, 3999]
+    want = reference_prefill(q[:, rows], keys, values, positions[:, rows], 2)
+    np.testing.assert_allclose(out[:, rows], want, rtol=1e-5, atol=1e-6)

@@ -99,3 +99,43 @@ def test_rope_equals_its_numpy_twin(batch, n, heads):
     np.testing.assert_array_equal(kernels.apply_rope(x, cos, sin), apply_rope_xp(x, cos, sin))
     strided = x[..., ::-1]
     np.testing.assert_array_equal(kernels.apply_rope(strided, cos, sin), apply_rope_xp(strided, cos, sin))
+
+
+def hostile_rows(d: int) -> np.ndarray:
+    """Rows a broken input can make: all -inf, NaN, +inf, zeros, and finite rows of extreme amplitude."""
+    rng = np.random.default_rng(d)
+    rows = np.empty((8, d), np.float32)
+    rows[0] = -np.inf
+    rows[1] = np.nan
+    rows[2] = rng.standard_normal(d)
+    rows[2, d // 2] = np.nan
+    rows[3] = rng.standard_normal(d)
+    rows[3, 1] = np.inf
+    rows[4] = rng.standard_normal(d) * 1e30  # the squares overflow
+    rows[5] = 3e38  # the sum overflows too
+    rows[6] = 0.0  # 0 / 0 when eps is 0
+    rows[7] = rng.standard_normal(d)
+    return rows
+
+
+@pytest.mark.parametrize("eps", [1e-5, 0.0])
+def test_norms_of_hostile_rows_are_defined_and_match_their_twins(eps):
+    """Nothing raises; NaN where the float32 formula gives NaN, and the same values as the twins elsewhere
+    (a row whose squares overflow has an infinite norm: LayerNorm gives the bias, RMSNorm zeros)."""
+    x = hostile_rows(64)
+    rng = np.random.default_rng(7)
+    weight, bias = rng.standard_normal((2, 64)).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        twins = (layer_norm_xp(x, weight, bias, np.float32(eps)), rms_norm_xp(x, weight, np.float32(eps)))
+    got = (kernels.layer_norm(x, weight, bias, eps), kernels.rms_norm(x, weight, eps))
+    for out, twin in zip(got, twins):
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(twin))
+        np.testing.assert_allclose(out, twin, rtol=1e-5, atol=2e-5)
+        assert np.isnan(out[:3]).all() and np.isfinite(out[7]).all()
+    ln, rms = got
+    zero_row = np.full(64, np.nan) if eps == 0 else None
+    np.testing.assert_array_equal(ln[3:7], [np.full(64, np.nan), bias, np.full(64, np.nan),
+                                            bias if zero_row is None else zero_row])
+    np.testing.assert_array_equal(rms[3], np.where(np.isinf(x[3]), np.nan, 0))  # inf / inf, finite / inf
+    np.testing.assert_array_equal(rms[4:7], [np.zeros(64), np.zeros(64),
+                                             np.zeros(64) if zero_row is None else zero_row])

@@ -1,5 +1,6 @@
 """HTTP contract of the server with a stand-in model: status codes, envelopes, limits, queue, auth."""
 import io
+import os
 import threading
 import time
 
@@ -10,25 +11,23 @@ import soundfile as sf
 
 pytest.importorskip("fastapi")
 
-from nanoasr.errors import AudioError  # noqa: E402
+from nanoasr.errors import AudioError, AudioTooLongError, ModelError, OptionError  # noqa: E402
 from nanoasr.server import create_app  # noqa: E402
 from nanoasr.transcript import Segment, Transcript  # noqa: E402
-from tests.serverutil import running  # noqa: E402
+from tests.serverutil import (closed_by_server, response_head, running, stalled_upload,  # noqa: E402
+                              upload_files, wait_until)
 
 
 class StandInModel:
-    """Decodes the upload like the real one would reject it, and echoes a fixed transcript."""
+    """Takes the samples the server decoded and echoes a fixed transcript."""
 
     def __init__(self, delay=0.0):
         self.delay = delay
         self.calls = 0
 
-    def transcribe(self, audio, on_segment=None, **kwargs):
-        with open(audio, "rb") as f:  # the server hands over the upload as a path
-            data = f.read()
+    def transcribe(self, audio, sample_rate=None, on_segment=None, **kwargs):
+        assert isinstance(audio, np.ndarray) and audio.dtype == np.float32 and sample_rate == 16000
         self.kwargs = kwargs
-        if not data.startswith(b"RIFF"):
-            raise AudioError("<upload>: not audio (cannot be decoded)")
         self.calls += 1
         time.sleep(self.delay)
         segments = (Segment(0.0, 1.5, "hello there", "stop", (1, 2)),
@@ -57,6 +56,7 @@ def assert_envelope(response, status, param=None):
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     if param is not None:
         assert error["param"] == param
+    return error
 
 
 @pytest.fixture(scope="module")
@@ -214,10 +214,8 @@ def test_uploads_are_removed_after_a_disconnect_and_after_an_abandoned_stream(tm
                     + bytes(500_000))
             s.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n"
                       b"Content-Type: multipart/form-data; boundary=xx\r\n\r\n" + head)
-            deadline = time.monotonic() + 10
-            while not list(tmp_path.iterdir()) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert [p.suffix for p in tmp_path.iterdir()] == [".wav"]  # written while it arrives
+            wait_until(lambda: upload_files(tmp_path), what="the upload file exists")
+            assert [p.suffix for p in upload_files(tmp_path)] == [".wav"]  # written while it arrives
         with httpx.stream("POST", base + "/v1/audio/transcriptions", data={"model": "m", "stream": "true"},
                           files={"file": ("a.wav", wav_bytes(), "audio/wav")}, timeout=30) as response:
             assert response.status_code == 200  # closed without reading a single event
@@ -225,4 +223,207 @@ def test_uploads_are_removed_after_a_disconnect_and_after_an_abandoned_stream(tm
         while httpx.get(base + "/health").json()["served"] < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert httpx.get(base + "/health").json() == {"status": "ok", "queued": 0, "served": 1}
-        assert list(tmp_path.iterdir()) == []
+        assert upload_files(tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- hostile clients ------------------------------------------------------------------------------
+
+
+def test_stalled_upload_gets_408_and_its_file_is_removed(tmp_path):
+    with running(create_app(StandInModel(), read_timeout_s=0.5, upload_dir=str(tmp_path))) as base:
+        with stalled_upload(base) as sock:
+            wait_until(lambda: len(upload_files(tmp_path)) == 1, what="the stalled upload's file exists")
+            start = time.monotonic()
+            status, head = response_head(sock, 10)
+            assert status == 408 and b"connection: close" in head
+            assert time.monotonic() - start < 5
+            assert upload_files(tmp_path) == []  # removed before the answer went out
+            assert closed_by_server(sock, 5)
+        assert httpx.get(base + "/health").json()["queued"] == 0
+        assert post(base).json() == {"text": "hello there general"}
+
+
+def test_uploads_in_progress_hold_queue_slots_and_the_rest_get_503_unread(tmp_path):
+    """30 clients stall mid-upload against a queue of 3: three hold a slot and a file, the rest are
+    refused before their bodies are read, and the three are timed out and their files removed."""
+    app = create_app(StandInModel(), max_queue=3, read_timeout_s=5, upload_dir=str(tmp_path))
+    with running(app) as base:
+        holders = [stalled_upload(base) for _ in range(3)]
+        wait_until(lambda: len(upload_files(tmp_path)) == 3, what="three upload files exist")
+        refused = [stalled_upload(base) for _ in range(26)]
+        refused.append(stalled_upload(base, length=20_000_000, expect_continue=True))  # 503, not 100
+        heads = [response_head(sock, 5) for sock in refused]
+        assert [status for status, _ in heads] == [503] * 27
+        assert all(b"retry-after: " in head for _, head in heads)
+        assert len(upload_files(tmp_path)) == 3
+        assert httpx.get(base + "/health").json()["queued"] == 3
+        assert [response_head(sock, 10)[0] for sock in holders] == [408] * 3
+        assert upload_files(tmp_path) == []
+        for sock in holders + refused:
+            sock.close()
+        assert post(base).status_code == 200
+        assert httpx.get(base + "/health").json() == {"status": "ok", "queued": 0, "served": 1}
+
+
+def test_start_sweeps_abandoned_upload_dirs_but_not_a_running_servers(tmp_path):
+    abandoned = tmp_path / "nanoasr-uploads-1-dead"  # a killed server's: nobody holds its lock
+    abandoned.mkdir()
+    (abandoned / "nanoasr-upload-a.wav").write_bytes(b"RIFF")
+    shared = tmp_path / "nanoasr-uploads-2-dead"  # someone else put a file of theirs in it
+    shared.mkdir()
+    (shared / "nanoasr-upload-b.wav").write_bytes(b"RIFF")
+    (shared / "notes.txt").write_text("not ours")
+    (tmp_path / "nanoasr-upload-c.wav").write_bytes(b"RIFF")  # not in a server's directory: not ours
+    with running(create_app(StandInModel(), upload_dir=str(tmp_path))):
+        assert not abandoned.exists()
+        (first,) = set(tmp_path.glob("nanoasr-uploads-*")) - {shared}
+        with running(create_app(StandInModel(), upload_dir=str(tmp_path))):
+            assert first.is_dir()  # the running server's directory is locked, so the second one keeps it
+            assert len(set(tmp_path.glob("nanoasr-uploads-*")) - {shared, first}) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nanoasr-upload-c.wav", shared.name]
+    assert [p.name for p in shared.iterdir()] == ["notes.txt"]
+
+
+def post_stream(url, content, data=None):
+    return post(url, {"stream": "true", **(data or {})}, files={"file": ("a.wav", content, "audio/wav")})
+
+
+def test_stream_of_undecodable_audio_is_400_not_an_event(url):
+    error = assert_envelope(post_stream(url, b"not audio at all"), 400, "file")
+    assert "a.wav" in error["message"] and "nanoasr-upload-" not in error["message"]
+
+
+def test_stream_with_bad_options_is_400_before_decoding():
+    model = StandInModel()
+    with running(create_app(model)) as base:
+        hotwords = ",".join(f"w{i}" for i in range(101))
+        assert_envelope(post_stream(base, wav_bytes(), {"hotwords": hotwords}), 400, "hotwords")
+        assert_envelope(post_stream(base, wav_bytes(), {"prompt": "x" * 5000}), 400, "prompt")
+    assert model.calls == 0
+
+
+@pytest.fixture(scope="module")
+def two_hours_of_silence():
+    """A FLAC that is a few hundred KiB and decodes to 7200 s: 115 million samples, 460 MB as float32."""
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", 16000, 1, format="FLAC", subtype="PCM_16") as f:
+        block = np.zeros(16000 * 600, np.int16)
+        for _ in range(12):
+            f.write(block)
+    return buf.getvalue()
+
+
+class RssPeak:
+    """The largest rise in this process's resident memory while the block runs, sampled every 2 ms."""
+
+    def __enter__(self):
+        psutil = pytest.importorskip("psutil")
+        self._process, self._done = psutil.Process(), threading.Event()
+        self.before = self.peak = self._process.memory_info().rss
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._done.wait(0.002):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+        self.rise = self.peak - self.before
+
+
+@pytest.mark.parametrize("stream", ["false", "true"])
+def test_audio_over_the_duration_limit_is_413_without_decoding_it(two_hours_of_silence, stream):
+    model = StandInModel()
+    with running(create_app(model, max_duration_s=60)) as base:
+        with RssPeak() as rss:
+            start = time.monotonic()
+            response = post(base, {"stream": stream},
+                            files={"file": ("long.flac", two_hours_of_silence, "audio/flac")})
+            elapsed = time.monotonic() - start
+    error = assert_envelope(response, 413, "file")
+    assert error["code"] == "audio_too_long"
+    assert "60 s" in error["message"] and "7200" in error["message"]  # the limit and the audio's length
+    assert "long.flac" in error["message"] and "nanoasr-upload-" not in error["message"]
+    assert elapsed < 5 and rss.rise < 64 * 2**20, (elapsed, rss.rise)
+    assert model.calls == 0
+
+
+@pytest.fixture
+def sentinel(tmp_path):
+    """Audio on the server's disk that no upload may make the server read: were it read, the request
+    would be transcribed (200)."""
+    path = tmp_path / "sentinel.mp3"
+    t = np.arange(32000) / 16000
+    sf.write(path, (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 16000, format="MP3")
+    return path
+
+
+@pytest.mark.parametrize("name, playlist", [
+    ("list.m3u8", "#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:2.0,\n{path}\n#EXT-X-ENDLIST\n"),
+    ("list.m3u8", "#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:2.0,\nfile:{path}\n#EXT-X-ENDLIST\n"),
+    ("a.wav", "#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:2.0,\n../{name}\n#EXT-X-ENDLIST\n"),
+    ("a.wav", "ffconcat version 1.0\nfile {path}\n"),
+])
+def test_playlists_naming_server_files_are_400(tmp_path, sentinel, name, playlist):
+    model = StandInModel()
+    with running(create_app(model, upload_dir=str(tmp_path))) as base:
+        body = playlist.format(path=sentinel, name=sentinel.name).encode()
+        assert_envelope(post(base, files={"file": (name, body, "audio/x-mpegurl")}), 400, "file")
+    assert model.calls == 0
+
+
+class FailingModel:
+    """Raises `exc` after sending `segments_first` segments."""
+
+    def __init__(self, exc, segments_first=0):
+        self.exc, self.segments_first = exc, segments_first
+
+    def transcribe(self, audio, on_segment=None, **kwargs):
+        for i in range(self.segments_first):
+            on_segment(Segment(i, i + 1.0, f"part {i}", "stop", (1,)))
+        raise self.exc
+
+
+@pytest.mark.parametrize("stream", ["false", "true"])
+@pytest.mark.parametrize("exc, status", [
+    (AudioTooLongError("<array>: the audio is 7200.0 s long"), 413),
+    (AudioError("<array>: no speech"), 400),
+    (OptionError("the prompt is 5000 tokens; the limit is 4096"), 400),  # found only once tokenized
+    (ModelError("the checkpoint is broken"), 500),
+    (RuntimeError("a bug"), 500),
+])
+def test_errors_before_the_first_segment_get_their_status_code(exc, status, stream):
+    with running(create_app(FailingModel(exc))) as base:
+        error = assert_envelope(post(base, {"stream": stream}), status)
+    assert error["type"] == ("server_error" if status == 500 else "invalid_request_error")
+
+
+def test_a_failure_after_the_first_segment_ends_the_stream_with_an_error_event():
+    with running(create_app(FailingModel(ModelError("the checkpoint is broken"), segments_first=1))) as base:
+        response = post(base, {"stream": "true"})
+    assert response.status_code == 200
+    events = [line for line in response.text.split("\n") if line.startswith("data: ")]
+    assert events[0] == 'data: {"type": "transcript.text.delta", "delta": "part 0"}'
+    assert '"type": "error"' in events[-1] and "the checkpoint is broken" in events[-1]
+
+
+def test_upload_dirs_we_cannot_open_are_left_alone(tmp_path, monkeypatch):
+    locked = tmp_path / "nanoasr-uploads-3-unreadable"
+    locked.mkdir()
+    (locked / "nanoasr-upload-d.wav").write_bytes(b"RIFF")
+    real_open = os.open
+
+    def open_as_another_user(path, *args, **kwargs):  # root may open anything, so refusal is simulated
+        if os.fspath(path) == str(locked):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_as_another_user)
+    with running(create_app(StandInModel(), upload_dir=str(tmp_path))) as base:
+        assert post(base).status_code == 200
+    assert [p.name for p in tmp_path.iterdir()] == [locked.name]
+    assert [p.name for p in locked.iterdir()] == ["nanoasr-upload-d.wav"]

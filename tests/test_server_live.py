@@ -23,7 +23,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from nanoasr.server import create_app  # noqa: E402
-from tests.serverutil import running, serving  # noqa: E402
+from tests.serverutil import running, serving, stalled_upload, upload_files, wait_until  # noqa: E402
 from tools.synth import speech_like  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -212,8 +212,10 @@ def assert_envelope(response, status, param="any"):
     ("a.wav", wav(0.01, 0)),  # shorter than one feature frame
     ("a.wav", b""),
 ])
-def test_undecodable_audio_is_400(server, name, content):
-    error = assert_envelope(post(server, files={"file": (name, content, "audio/wav")}), 400, "file")
+@pytest.mark.parametrize("stream", ["false", "true"])
+def test_undecodable_audio_is_400(server, name, content, stream):
+    response = post(server, {"stream": stream}, files={"file": (name, content, "audio/wav")})
+    error = assert_envelope(response, 400, "file")
     assert "nanoasr-upload-" not in error["message"]  # the client's file name, not the temporary one
 
 
@@ -230,6 +232,14 @@ def test_undecodable_audio_is_400(server, name, content):
 ])
 def test_bad_fields_are_400(server, data, param):
     assert_envelope(post(server, data), 400, param)
+
+
+@pytest.mark.parametrize("stream", ["false", "true"])
+def test_prompt_over_the_token_limit_is_400_even_when_streaming(server, stream):
+    # within the character limit, but each of these characters is several tokens: found only once the
+    # model tokenizes the prompt, after the audio is decoded
+    error = assert_envelope(post(server, {"prompt": "\U0001d518" * 4000, "stream": stream}), 400)
+    assert "4096" in error["message"]
 
 
 def test_missing_file_and_model_are_400(server):
@@ -252,7 +262,7 @@ def test_upload_over_the_limit_is_413(server, upload_dir):
     big = wav(LIMIT_MB * 1024 * 1024 / 32000 + 2, 3)  # 16-bit mono: 32000 bytes a second
     error = assert_envelope(post(server, files={"file": ("big.wav", big, "audio/wav")}), 413, "file")
     assert str(LIMIT_MB * 1024 * 1024) in error["message"]
-    assert os.listdir(upload_dir) == []
+    assert upload_files(upload_dir) == []
 
 
 class Gated:
@@ -308,6 +318,23 @@ def test_serve_command_end_to_end(tiny_dir, tmp_path, direct):
     assert [p.name for p in tmp_path.iterdir()] == ["server.log"]
 
 
+def test_a_killed_servers_uploads_are_removed_by_the_next_server(tiny_dir, tmp_path):
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    args = ["--model", str(tiny_dir), "--upload-dir", str(uploads)]
+    with serving(args, tmp_path / "first.log") as (process, base):
+        with stalled_upload(base):
+            wait_until(lambda: upload_files(uploads), what="the upload file exists")
+            process.kill()  # SIGKILL: no chance to clean up
+            process.wait(30)
+    (left,) = upload_files(uploads)
+    with serving(args, tmp_path / "second.log") as (_, base):
+        assert not left.parent.exists()
+        assert [p.name.startswith("nanoasr-uploads-") for p in uploads.iterdir()] == [True]
+        assert httpx.get(base + "/health").json()["status"] == "ok"
+    assert list(uploads.iterdir()) == []
+
+
 @pytest.mark.parametrize("missing", ["fastapi", "uvicorn", "python_multipart"])
 def test_serve_without_the_extra_says_what_to_install(missing):
     code = (f"import sys; sys.modules[{missing!r}] = None; sys.argv = ['nanoasr', 'serve', '--model', 'x']; "
@@ -322,10 +349,13 @@ def test_serve_help_and_bad_options_need_no_extra():
     code = ("import sys; sys.modules['fastapi'] = None; sys.argv = ['nanoasr', 'serve', '--help']; "
             "import runpy; runpy.run_module('nanoasr', run_name='__main__')")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and "--max-upload-mb" in done.stdout and "--upload-dir" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "nanoasr", "serve", "--max-queue", "0"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "--max-queue" in bad.stderr
+    assert done.returncode == 0
+    for option in ("--max-upload-mb", "--max-queue", "--max-duration", "--read-timeout", "--upload-dir"):
+        assert option in done.stdout
+    for option, value in (("--max-queue", "0"), ("--max-duration", "nan"), ("--read-timeout", "inf")):
+        bad = subprocess.run([sys.executable, "-m", "nanoasr", "serve", option, value], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and option in bad.stderr
 
 
 # --- property-based: the published OpenAPI schema, no 5xx ----------------------------------------------

@@ -65,3 +65,36 @@ def test_softmax_names_what_it_cannot_take():
         kernels.softmax_inplace(np.zeros((3, 4)))
     with pytest.raises(ValueError, match="C-contiguous float32"):
         kernels.softmax_inplace(np.zeros((4, 3), np.float32).T)
+
+
+def hostile_rows(m: int) -> np.ndarray:
+    """Rows a broken input can make: all masked, NaN, +inf, and finite rows of extreme amplitude."""
+    rng = np.random.default_rng(m)
+    rows = np.empty((8, m), np.float32)
+    rows[0] = -np.inf  # every key masked
+    rows[1] = np.nan
+    rows[2] = rng.standard_normal(m)
+    rows[2, m // 2] = np.nan  # one NaN in an ordinary row
+    rows[3] = rng.standard_normal(m)
+    rows[3, 1] = np.inf  # a score that overflowed
+    rows[4] = rng.standard_normal(m) * 1e30
+    rows[5] = rng.choice([-3e38, 3e38], m)
+    rows[6] = 3e38
+    rows[7] = rng.standard_normal(m)
+    rows[7, ::2] = -np.inf
+    return rows
+
+
+def test_softmax_of_hostile_rows_is_defined_and_matches_the_twin():
+    """A row without a finite maximum comes out all NaN (as in numpy and torch); finite rows, however large,
+    come out as probabilities. Nothing raises."""
+    x = hostile_rows(37)
+    with np.errstate(invalid="ignore", over="ignore"):  # the twin's inf - inf and -3e38 - 3e38
+        twin = softmax_inplace_xp(x.copy())
+    got = kernels.softmax_inplace(x.copy())
+    assert np.isnan(got[:4]).all()
+    assert np.isfinite(got[4:]).all()
+    np.testing.assert_allclose(got[4:].sum(-1), 1, rtol=1e-6)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(twin))
+    np.testing.assert_allclose(got[4:], twin[4:], rtol=3e-6, atol=1e-30)
+    np.testing.assert_array_equal(got[4], x[4] == x[4].max())  # 1e30 apart: all weight on the maximum

@@ -6,25 +6,59 @@ mono by the mean of its channels and any sample rate is resampled to 16 kHz with
 
 Every unusable input raises `AudioError` naming the source and the problem. Audio shorter than one
 25 ms feature frame (400 samples at 16 kHz, after resampling) is rejected: no feature frame fits it.
+
+Untrusted input is bounded:
+- Decoding runs block by block into one float32 output, so memory is 4 bytes per 16 kHz output sample
+  plus O(block), whatever the compression ratio. `max_duration_s` refuses longer audio with
+  `AudioTooLongError`: from the length the container states, before decoding, and by counting samples
+  while decoding (a container may state no length, or lie).
+- ffmpeg decodes only the bytes it is given: they reach it on stdin, it may use the `pipe` protocol only
+  and the single-file demuxers in FFMPEG_FORMATS only, so a playlist (HLS, concat, image sequence) cannot
+  make it open another file or a URL. Text playlists are refused before ffmpeg runs. An MP4 path that a
+  pipe cannot decode (its index after the audio) is read as that file, with the `file` protocol and the
+  mov demuxer alone. ffmpeg is killed (SIGKILL) after `ffmpeg_timeout_s(size)` seconds, or as soon as the
+  caller stops reading.
+- Mono audio that peaks above LOUD_PEAK (far past full scale, 1.0) is scaled to peak 1.0 before
+  resampling (which may overshoot it a little), with a warning, so huge finite samples reach no kernel.
 """
 from __future__ import annotations
 
+import logging
+import math
+import numbers
 import os
 import shutil
 import stat
 import subprocess
+import threading
+from contextlib import closing
 from io import BytesIO
 
 import numpy as np
 import soundfile
 import soxr
 
-from nanoasr.errors import AudioError
+from nanoasr.errors import AudioError, AudioTooLongError, OptionError
+
+log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
 MIN_SAMPLES = 400  # one 25 ms fbank frame at 16 kHz
 MIN_RATE, MAX_RATE = 1000, 768000
 INSTALL_FFMPEG = "install ffmpeg (apt install ffmpeg / brew install ffmpeg)"
+BLOCK_VALUES = 1 << 18  # samples x channels decoded at once (2 MB as float64)
+MAX_PREALLOC = 1 << 26  # output samples reserved up front at most (70 min), whatever a header claims
+UNKNOWN_PREALLOC = 1 << 20  # output samples reserved (65 s) for a source that states no length; it grows
+SF_COUNT_MAX = 2 ** 63 - 1  # libsndfile's frame count for a container that states no length
+LOUD_PEAK = 8.0  # float files may pass full scale a little; 8x full scale is no recording
+FFMPEG_TIMEOUT_FLOOR_S = 60.0
+FFMPEG_MIN_BYTES_PER_S = 1 << 20  # ffmpeg decodes compressed audio far faster than 1 MB of input per second
+FFMPEG_CHUNK = 1 << 16  # bytes moved through ffmpeg's pipes at once
+STDERR_TAIL = 1 << 16  # bytes of ffmpeg's messages kept for the error
+# Demuxers of single-file audio containers; none of them opens another file. Playlist-like demuxers (hls,
+# concat, image2, dash, ...) are left out.
+FFMPEG_FORMATS = "aac,ac3,aiff,amr,ape,asf,caf,eac3,flac,matroska,mov,mp3,mpegts,ogg,w64,wav,wv"
+PLAYLIST_MAGIC = ((b"#EXTM3U", "an HLS/M3U playlist"), (b"ffconcat", "an ffmpeg concat script"))
 
 # Leading bytes of containers, for messages: which format a failed input claims to be.
 MAGIC = ((8, b"WAVE", "WAV"), (0, b"RF64", "WAV"), (0, b"fLaC", "FLAC"), (0, b"OggS", "OGG"),
@@ -34,7 +68,12 @@ FFMPEG_ONLY = {"MP4/M4A", "WebM/Matroska", "AAC"}
 FFMPEG_SUFFIXES = {".m4a", ".mp4", ".m4b", ".mov", ".webm", ".mkv", ".aac", ".wma", ".amr", ".3gp", ".ac3"}
 
 
-def load_audio(source, sample_rate: int | None = None) -> np.ndarray:  # source -> [N] float32, 16 kHz
+class _FfmpegError(Exception):
+    """ffmpeg could not decode the input; the message says why."""
+
+
+def load_audio(source, sample_rate: int | None = None, *,
+               max_duration_s: float | None = None) -> np.ndarray:  # source -> [N] float32, 16 kHz
     """Decode `source` to float32 mono 16 kHz samples in [-1, 1] scale.
 
     `source` is a path (str or os.PathLike), encoded file bytes (bytes, bytearray, memoryview), a binary
@@ -42,24 +81,22 @@ def load_audio(source, sample_rate: int | None = None) -> np.ndarray:  # source 
     1-D mono or 2-D [samples, channels]; int16/int32 are scaled to [-1, 1], float arrays are taken as is.
     Encoded input states its own rate, so `sample_rate` is for arrays only.
 
+    `max_duration_s` (seconds, default no limit) refuses longer audio with AudioTooLongError, before
+    decoding when the container states its length. Audio peaking above LOUD_PEAK is scaled to peak 1.0
+    and a warning is logged.
+
     Raises AudioError for a missing file, a directory, empty input, zero samples, a corrupt or truncated
-    file, input that is not audio, NaN/Inf samples, a sample rate outside 1000-768000 Hz, arrays of the
-    wrong shape or dtype, and audio shorter than 25 ms (400 samples at 16 kHz) after resampling.
+    file, input that is not audio, a playlist, NaN/Inf samples, a sample rate outside 1000-768000 Hz,
+    arrays of the wrong shape or dtype, and audio shorter than 25 ms (400 samples at 16 kHz) after
+    resampling; OptionError for a `max_duration_s` that is not a positive number.
     """
-    name, wave, rate = _decode(source, sample_rate)
-    _check_rate(rate, name)
-    if wave.shape[0] == 0:
-        raise AudioError(f"{name}: the audio has zero samples")
-    mono = wave.mean(axis=1, dtype=np.float32) if wave.ndim == 2 else wave.astype(np.float32, copy=False)
-    if not np.isfinite(mono).all():
-        raise AudioError(f"{name}: the audio contains NaN or Inf samples")
-    if rate != SAMPLE_RATE:
-        mono = soxr.resample(mono, rate, SAMPLE_RATE, quality="HQ")
+    limit = _check_limit(max_duration_s)
+    name, mono = _decode(source, sample_rate, limit)  # [N] float32 at 16 kHz
     if mono.shape[0] < MIN_SAMPLES:
         raise AudioError(f"{name}: the audio is {1e3 * mono.shape[0] / SAMPLE_RATE:.1f} ms long "
                          f"({mono.shape[0]} samples at 16 kHz), shorter than 25 ms, the length of one "
                          f"feature frame ({MIN_SAMPLES} samples)")
-    return np.ascontiguousarray(mono, dtype=np.float32)
+    return mono
 
 
 def duration_s(wave: np.ndarray) -> float:
@@ -67,25 +104,45 @@ def duration_s(wave: np.ndarray) -> float:
     return wave.shape[0] / SAMPLE_RATE
 
 
-def _decode(source, sample_rate):  # -> (name, [N] or [N, C] samples, rate)
+def ffmpeg_timeout_s(size: int) -> float:
+    """Seconds ffmpeg may take for `size` bytes of input before it is killed: generous for real files."""
+    return FFMPEG_TIMEOUT_FLOOR_S + size / FFMPEG_MIN_BYTES_PER_S
+
+
+def _check_limit(max_duration_s):  # -> seconds or None
+    if max_duration_s is None:
+        return None
+    if (isinstance(max_duration_s, bool) or not isinstance(max_duration_s, numbers.Real)
+            or not math.isfinite(max_duration_s) or max_duration_s <= 0):
+        raise OptionError(f"max_duration_s must be a positive number of seconds, or None for no limit; "
+                          f"got {max_duration_s!r}")
+    return float(max_duration_s)
+
+
+def _too_long(name, limit, seconds=None):
+    length = "longer than" if seconds is None else f"{seconds:g} s long, longer than"
+    return AudioTooLongError(f"{name}: the audio is {length} the {limit:g} s duration limit")
+
+
+def _decode(source, sample_rate, limit):  # -> (name, [N] float32 at 16 kHz)
     if isinstance(source, np.ndarray):
-        return "<array>", _from_array(source, sample_rate), sample_rate
+        return "<array>", _from_array(source, sample_rate, limit)
     if sample_rate is not None:
         raise AudioError(f"sample_rate={sample_rate!r} was given with {type(source).__name__} input; "
                          "encoded audio states its own rate, so sample_rate is for numpy arrays only")
     if isinstance(source, (str, os.PathLike)):
-        return (os.fspath(source),) + _from_path(os.fspath(source))
+        return os.fspath(source), _from_path(os.fspath(source), limit)
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return ("<bytes>",) + _from_bytes(bytes(source), "<bytes>")
+        return "<bytes>", _from_bytes(bytes(source), "<bytes>", limit)
     if hasattr(source, "read"):
         name = getattr(source, "name", None)
         name = name if isinstance(name, str) else "<file object>"
-        return (name,) + _from_bytes(_read_file_object(source, name), name)
+        return name, _from_bytes(_read_file_object(source, name), name, limit)
     raise AudioError(f"expected a path, encoded bytes, a binary file object or a numpy array; "
                      f"got {type(source).__name__}")
 
 
-def _from_array(array, sample_rate):  # [N] or [N, C] int16/int32/float -> same shape, float32 scale
+def _from_array(array, sample_rate, limit):  # [N] or [N, C] int16/int32/float -> [M] float32 at 16 kHz
     if sample_rate is None:
         raise AudioError("<array>: a numpy array needs sample_rate=<Hz>; got sample_rate=None")
     if array.ndim not in (1, 2):
@@ -96,10 +153,22 @@ def _from_array(array, sample_rate):  # [N] or [N, C] int16/int32/float -> same 
                          f"more channels than samples (pass the transposed array)")
     kind, size = array.dtype.kind, array.dtype.itemsize  # by kind and size, so either byte order is accepted
     if kind == "i" and size in (2, 4):
-        return array.astype(np.float32) / np.float32(2.0 ** (8 * size - 1))
-    if kind == "f" and size in (4, 8):
-        return array
-    raise AudioError(f"<array>: expected int16, int32, float32 or float64 samples; got dtype {array.dtype}")
+        full_scale = 2.0 ** (8 * size - 1)
+    elif kind == "f" and size in (4, 8):
+        full_scale = 1.0
+    else:
+        raise AudioError(f"<array>: expected int16, int32, float32 or float64 samples; "
+                         f"got dtype {array.dtype}")
+    _check_rate(sample_rate, "<array>")
+    if limit is not None and array.shape[0] > limit * sample_rate:
+        raise _too_long("<array>", limit, array.shape[0] / sample_rate)
+    step = max(1, BLOCK_VALUES // (array.shape[1] if array.ndim == 2 else 1))
+
+    def blocks():  # -> [B] or [B, C] views
+        return (array[i:i + step] for i in range(0, array.shape[0], step))
+
+    return _gather(blocks, sample_rate, "<array>", limit, _output_length(array.shape[0], sample_rate),
+                   full_scale)
 
 
 def _check_rate(rate, name):
@@ -122,7 +191,7 @@ def _read_file_object(file, name):
     return bytes(data)
 
 
-def _from_path(path):  # -> ([N, C] float32, rate)
+def _from_path(path, limit):  # -> [N] float32 at 16 kHz
     if not os.path.exists(path):
         raise AudioError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -135,31 +204,117 @@ def _from_path(path):  # -> ([N, C] float32, rate)
     except OSError as exc:
         raise AudioError(f"{path}: cannot read the file: {exc.strerror or exc}") from exc
     if not stat.S_ISREG(mode):
-        return _from_bytes(head, path)
+        return _from_bytes(head, path, limit)
     if size == 0:
         raise AudioError(f"{path}: the file is empty (0 bytes)")
-    return _decode_encoded(path, head, os.path.splitext(path)[1].lower(), path=path)
+    return _decode_encoded(path, head, os.path.splitext(path)[1].lower(), limit, path=path)
 
 
-def _from_bytes(data, name):  # -> ([N, C] float32, rate)
+def _from_bytes(data, name, limit):  # -> [N] float32 at 16 kHz
     if not data:
         raise AudioError(f"{name}: the input is empty (0 bytes)")
-    return _decode_encoded(name, data[:16], os.path.splitext(name)[1].lower(), data=data)
+    return _decode_encoded(name, data[:16], os.path.splitext(name)[1].lower(), limit, data=data)
 
 
-def _decode_encoded(name, head, suffix, path=None, data=None):  # libsndfile first, then ffmpeg
+def _decode_encoded(name, head, suffix, limit, path=None, data=None):  # libsndfile first, then ffmpeg
     try:
-        return soundfile.read(path if data is None else BytesIO(data), dtype="float32", always_2d=True)
+        with soundfile.SoundFile(path if data is None else BytesIO(data)) as file:
+            return _from_soundfile(file, name, limit)
+    except AudioError:
+        raise
     except (soundfile.SoundFileError, RuntimeError, ValueError, OSError) as exc:
-        libsndfile_exc = exc
+        libsndfile_exc = exc.with_traceback(None)  # its frames would keep a partly decoded wave alive
+    _refuse_playlist(head, name)
     container, reason = _sniff(head), _libsndfile_reason(libsndfile_exc)
     if shutil.which("ffmpeg") is None:
         raise AudioError(_without_ffmpeg(name, container, suffix, reason)) from libsndfile_exc
-    wave, ffmpeg_error = _ffmpeg_decode(path, data)
-    if wave is None:
+    try:
+        return _ffmpeg_decode(name, limit, path, data, container)
+    except _FfmpegError as exc:
         raise AudioError(f"{name}: cannot be decoded: {_problem(container, reason)}; "
-                         f"ffmpeg cannot decode it either ({ffmpeg_error})") from libsndfile_exc
-    return wave[:, None], SAMPLE_RATE
+                         f"ffmpeg cannot decode it either ({exc})") from libsndfile_exc
+
+
+def _from_soundfile(file, name, limit):  # an open soundfile.SoundFile -> [N] float32 at 16 kHz
+    rate = file.samplerate
+    _check_rate(rate, name)
+    stated = file.frames if file.frames < SF_COUNT_MAX else None
+    if limit is not None and stated is not None and stated > limit * rate:
+        raise _too_long(name, limit, stated / rate)
+    step = max(1, BLOCK_VALUES // file.channels)
+
+    def blocks():  # -> [B, C] float64, from the start
+        file.seek(0)
+        while len(block := file.read(step, dtype="float64", always_2d=True)):
+            yield block
+
+    capacity = UNKNOWN_PREALLOC if stated is None else _output_length(stated, rate)
+    return _gather(blocks, rate, name, limit, capacity)
+
+
+def _output_length(frames, rate):  # room reserved for `frames` input frames once at 16 kHz
+    return min(frames * SAMPLE_RATE // rate + 1, MAX_PREALLOC)
+
+
+def _gather(blocks, rate, name, limit, capacity, full_scale=1.0):  # -> [N] float32 at 16 kHz
+    """Decode `blocks()` to 16 kHz; audio far louder than full scale is decoded again, scaled to peak 1.0
+    before the cast to float32 (float64 samples may lie beyond float32's range)."""
+    wave, peak = _to_16k(blocks(), rate, name, limit, capacity, full_scale)
+    if peak <= LOUD_PEAK:
+        return wave
+    _warn_loud(name, peak)
+    del wave  # freed before the second pass
+    return _to_16k(blocks(), rate, name, limit, capacity, full_scale * peak)[0]
+
+
+def _to_16k(blocks, rate, name, limit, capacity, divisor):  # -> ([N] float32 at 16 kHz, peak of the input)
+    resampler = None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32",
+                                                                     quality="HQ")
+    max_frames = math.inf if limit is None else limit * rate
+    wave, filled, frames, peak = np.empty(capacity, np.float32), 0, 0, 0.0
+    for block in blocks:
+        mono = _mono(block) / divisor  # [B] float64
+        frames += mono.shape[0]
+        if frames > max_frames:
+            raise _too_long(name, limit)
+        if not np.isfinite(mono).all():
+            raise AudioError(f"{name}: the audio contains NaN or Inf samples")
+        peak = max(peak, float(np.abs(mono).max(initial=0.0)))
+        with np.errstate(over="ignore"):  # samples past float32's range: this pass is redone, scaled
+            samples = mono.astype(np.float32)
+        filled = _append(wave, filled, samples if resampler is None else resampler.resample_chunk(samples))
+    if frames == 0:
+        raise AudioError(f"{name}: the audio has zero samples")
+    if resampler is not None:
+        filled = _append(wave, filled, resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+    wave.resize(filled, refcheck=False)  # in place (realloc): no second copy of the output
+    return wave, peak
+
+
+def _mono(block):  # [B] or [B, C] -> [B] float64, the mean of the channels
+    block = block.astype(np.float64)
+    return block.mean(axis=1) if block.ndim == 2 else block
+
+
+def _append(wave, filled, samples):  # -> new fill; `wave` grows in place past the length a container stated
+    end = filled + samples.shape[0]
+    if end > wave.shape[0]:
+        wave.resize(max(end, 2 * wave.shape[0]), refcheck=False)
+    wave[filled:end] = samples
+    return end
+
+
+def _warn_loud(name, peak):
+    log.warning("%s: the audio peaks at %.3g, far beyond full scale (1.0); it is scaled to peak 1.0",
+                name, peak)
+
+
+def _refuse_playlist(head, name):  # a playlist names other files or URLs; only the bytes given are decoded
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    for magic, kind in PLAYLIST_MAGIC:
+        if text.startswith(magic):
+            raise AudioError(f"{name}: is {kind}, not audio; playlists are refused, since they name other "
+                             "files or URLs and only the bytes given are decoded")
 
 
 def _sniff(head):  # leading bytes -> container name or None
@@ -191,18 +346,105 @@ def _without_ffmpeg(name, container, suffix, reason):
             f"for other containers (m4a, webm, aac, ...) {INSTALL_FFMPEG}")
 
 
-def _ffmpeg_decode(path, data):  # -> ([N] float32 at 16 kHz, None) or (None, reason)
-    # Bytes go through stdin; the "file:" prefix keeps ffmpeg from reading a path as a URL or protocol.
-    target = "pipe:0" if path is None else f"file:{path}"
-    command = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-i", target,
-               "-vn", "-ac", "1", "-ar", str(SAMPLE_RATE), "-f", "f32le", "pipe:1"]
+def _ffmpeg_decode(name, limit, path, data, container):  # -> [N] float32 at 16 kHz, or _FfmpegError
     try:
-        done = subprocess.run(command, input=data, capture_output=True, check=False)
+        source = BytesIO(data) if path is None else open(path, "rb")
+        size = len(data) if path is None else os.fstat(source.fileno()).st_size
     except OSError as exc:
-        return None, f"cannot run ffmpeg: {exc}"
-    if done.returncode != 0:
-        lines = done.stderr.decode(errors="replace").strip().splitlines()
-        return None, lines[-1].removeprefix(f"{target}: ") if lines else f"exit status {done.returncode}"
-    if len(done.stdout) < 4:
-        return None, "it decoded no audio samples"
-    return np.frombuffer(done.stdout, dtype="<f4", count=len(done.stdout) // 4).astype(np.float32), None
+        raise _FfmpegError(f"cannot read the file: {exc.strerror or exc}") from exc
+    piped = _ffmpeg_command("pipe:0", "pipe", FFMPEG_FORMATS)
+    try:
+        return _ffmpeg_wave(name, limit, _ffmpeg_output(piped, source, size))
+    except _FfmpegError:
+        if path is None or container != "MP4/M4A":
+            raise
+    # An MP4 may keep its index (moov) after the audio, out of reach on a pipe, which cannot seek back. Then
+    # ffmpeg reads the file itself, through the mov demuxer alone, which opens no other file (its external
+    # data references are off by default).
+    direct = _ffmpeg_command(f"file:{path}", "file", "mov")
+    return _ffmpeg_wave(name, limit, _ffmpeg_output(direct, None, size))
+
+
+def _ffmpeg_command(target, protocols, formats):
+    return ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-protocol_whitelist", protocols,
+            "-format_whitelist", formats, "-i", target,
+            "-vn", "-ac", "1", "-ar", str(SAMPLE_RATE), "-f", "f32le", "pipe:1"]
+
+
+def _ffmpeg_wave(name, limit, chunks):  # ffmpeg's output chunks -> [N] float32 at 16 kHz
+    with closing(chunks):  # closing kills ffmpeg as soon as decoding stops, finished or not
+        wave, peak = _to_16k(chunks, SAMPLE_RATE, name, limit, UNKNOWN_PREALLOC, 1.0)
+    if peak > LOUD_PEAK:  # float32 from ffmpeg: scaling after the cast cannot overflow
+        _warn_loud(name, peak)
+        wave *= np.float32(1.0 / peak)
+    return wave
+
+
+def _ffmpeg_output(command, source, size):  # -> float32 16 kHz mono chunks [B] decoded by ffmpeg
+    """Runs `command`, feeding it `source` (a binary file, or None) on stdin. ffmpeg is killed after
+    `ffmpeg_timeout_s(size)` seconds, and whenever this generator stops, finished or not."""
+    timeout_s = ffmpeg_timeout_s(size)
+    try:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL if source is None else subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        if source is not None:
+            source.close()
+        raise _FfmpegError(f"cannot run ffmpeg: {exc}") from exc
+    feed_errors, messages, timed_out = [], bytearray(), threading.Event()
+    helpers = [threading.Thread(target=_drain, args=(process.stderr, messages), daemon=True)]
+    if source is not None:
+        feeder = threading.Thread(target=_feed, args=(source, process.stdin, feed_errors), daemon=True)
+        helpers.append(feeder)
+    watchdog = threading.Timer(timeout_s, _stop, args=(process, timed_out))
+    try:
+        for thread in [*helpers, watchdog]:
+            thread.start()
+        decoded = 0
+        while chunk := process.stdout.read(FFMPEG_CHUNK):
+            decoded += len(chunk)
+            yield np.frombuffer(chunk, "<f4", count=len(chunk) // 4)
+        process.wait()
+        for thread in helpers:
+            thread.join()
+        if timed_out.is_set():
+            raise _FfmpegError(f"it did not finish within {timeout_s:.0f} s and was stopped")
+        if feed_errors:
+            raise _FfmpegError(f"reading the input failed: {feed_errors[0]}")
+        if process.returncode != 0:
+            lines = messages.decode(errors="replace").strip().splitlines()
+            target = command[command.index("-i") + 1]
+            raise _FfmpegError(lines[-1].removeprefix(f"{target}: ") if lines
+                               else f"exit status {process.returncode}")
+        if decoded < 4:
+            raise _FfmpegError("it decoded no audio samples")
+    finally:
+        watchdog.cancel()
+        process.kill()  # SIGKILL: ffmpeg ignores SIGTERM while it waits for input
+        process.wait()
+        for thread in helpers:
+            thread.join()
+        process.stdout.close()
+        process.stderr.close()
+
+
+def _feed(source, stdin, errors):  # thread: source -> ffmpeg's stdin; ends when ffmpeg stops reading
+    try:
+        with source, stdin:
+            while chunk := source.read(FFMPEG_CHUNK):
+                stdin.write(chunk)
+    except BrokenPipeError:
+        pass  # ffmpeg exited or was killed: its own status says why
+    except OSError as exc:
+        errors.append(exc)
+
+
+def _drain(stderr, messages):  # thread: keeps the last STDERR_TAIL bytes of ffmpeg's messages
+    while chunk := stderr.read(FFMPEG_CHUNK):
+        messages += chunk
+        del messages[:-STDERR_TAIL]
+
+
+def _stop(process, timed_out):  # the watchdog's action
+    timed_out.set()
+    process.kill()

@@ -46,6 +46,8 @@ MAX_JOIN_GAP_S = 1.0  # a longer pause always ends a segment, so silence is not 
 CUT_SEARCH_FRACTION = 1 / 3  # an overlong region is cut in the last third of the window
 CUT_SMOOTH_FRAMES = 5  # the cut seeks a quiet 50 ms stretch, not a single quiet frame
 MIN_POWER = 1e-12  # -120 dB, the floor for log of zero power
+BLOCK_FRAMES = 1024  # frames measured at once: a few MB of float64 temporaries, whatever the length
+BLOCK_SAMPLES = 1 << 20  # samples checked for NaN at once, so the check's temporary stays small
 
 
 @dataclass(frozen=True)
@@ -66,11 +68,19 @@ class Span:
 
 
 def frame_db(wave, frame: int, hop: int):  # [N] -> [F] RMS of each mean-removed frame, dB
-    n_frames = 1 + (len(wave) - frame) // hop
-    x = wave.astype(np.float64)
-    total = np.concatenate(([0.0], np.cumsum(x)))
+    n_frames = max(0, 1 + (len(wave) - frame) // hop)
+    db = np.empty(n_frames)
+    for first in range(0, n_frames, BLOCK_FRAMES):  # blocks keep the float64 temporaries O(block)
+        count = min(BLOCK_FRAMES, n_frames - first)
+        db[first:first + count] = _block_db(wave[first * hop:(first + count - 1) * hop + frame], frame, hop)
+    return db
+
+
+def _block_db(x, frame: int, hop: int):  # [S] -> [1 + (S - frame) // hop] dB, by running sums
+    x = x.astype(np.float64)
+    total = np.concatenate(([0.0], np.cumsum(x)))  # [S + 1]
     total_sq = np.concatenate(([0.0], np.cumsum(x * x)))
-    starts = np.arange(n_frames) * hop
+    starts = np.arange(1 + (len(x) - frame) // hop) * hop
     mean = (total[starts + frame] - total[starts]) / frame
     mean_sq = (total_sq[starts + frame] - total_sq[starts]) / frame
     return 10.0 * np.log10(np.maximum(mean_sq - mean * mean, MIN_POWER))
@@ -112,6 +122,8 @@ def padded_samples(starts, ends, frame: int, hop: int, pad: int, n: int):  # fra
 
 def cut_points(db, start: int, end: int, max_len: int, frame: int, hop: int):  # -> sample cuts
     """Cut samples [start, end) into pieces of at most max_len, each at the quietest point available."""
+    if end - start <= max_len:
+        return []  # most regions: no need to smooth the whole recording's power
     power = np.convolve(10.0 ** (db / 10.0), np.ones(CUT_SMOOTH_FRAMES) / CUT_SMOOTH_FRAMES, "same")
     cuts = []
     while end - start > max_len:
@@ -146,7 +158,7 @@ def split(wave, max_s: float = 30.0, sample_rate: int = SAMPLE_RATE) -> list[Spa
     if wave.ndim != 1 or not np.issubdtype(wave.dtype, np.floating):
         raise AudioError(f"segmenting expects a 1-D float mono waveform, got {wave.dtype} "
                          f"of shape {wave.shape}")
-    if not np.all(np.isfinite(wave)):
+    if not all(np.isfinite(wave[i:i + BLOCK_SAMPLES]).all() for i in range(0, len(wave), BLOCK_SAMPLES)):
         raise AudioError("segmenting expects finite samples, got NaN or infinity")
     if not (sample_rate > 0 and max_s * sample_rate >= 1):
         raise OptionError(f"max_s and sample_rate must be positive, got max_s={max_s}, "

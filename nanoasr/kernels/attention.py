@@ -47,6 +47,11 @@ def _attend(q, keys, values, lengths, out):
 def decode_attention(q, keys, values, lengths):
     """q [B, kvh, g, hd] (scaled), keys/values [B, kvh, >= max(lengths), hd] (cache views), lengths [B]
     -> [B, kvh, g, hd]: row b attends to its first lengths[b] positions."""
+    lengths = np.asarray(lengths, np.int64)
+    if lengths.shape != q.shape[:1] or lengths.min() < 1 or lengths.max() > keys.shape[2]:
+        # the loop reads the cache unchecked: a length past it would read other memory
+        raise ValueError(f"decode_attention takes one length per row, each 1 to {keys.shape[2]} (the cache); "
+                         f"got {lengths.tolist()} for {q.shape[0]} rows")
     out = np.empty(q.shape, np.float32)
-    _attend(np.ascontiguousarray(q, dtype=np.float32), keys, values, np.asarray(lengths, np.int64), out)
+    _attend(np.ascontiguousarray(q, dtype=np.float32), keys, values, lengths, out)
     return out

@@ -16,21 +16,34 @@ from numba import njit
 from nanoasr.kernels.softmax import exp_nonpositive
 
 
+# The row sums may be reassociated, so that LLVM vectorises them; the output loops may not: there LLVM would
+# turn x / norm * w into x * w / norm, which overflows to inf / inf = NaN where the twin gives 0.
 @njit(cache=True, fastmath={"reassoc"})
+def _sum(row):
+    total = np.float32(0.0)
+    for c in range(row.shape[0]):
+        total += row[c]
+    return total
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _sum_of_squares(row, mean):  # sum (row - mean)^2
+    total = np.float32(0.0)
+    for c in range(row.shape[0]):
+        centered = row[c] - mean
+        total += centered * centered
+    return total
+
+
+# numpy's error model: 1 / 0 is inf, as in the twins, never ZeroDivisionError; a division stays vectorisable
+@njit(cache=True, error_model="numpy")
 def _layer_norm_rows(x, weight, bias, eps, out):  # x, out [n, d]
-    d = x.shape[1]
+    d = np.float32(x.shape[1])
     for r in range(x.shape[0]):
         row = x[r]
-        total = np.float32(0.0)
-        for c in range(d):
-            total += row[c]
-        mean = total / np.float32(d)
-        squares = np.float32(0.0)
-        for c in range(d):
-            centered = row[c] - mean
-            squares += centered * centered
-        scale = np.float32(1.0) / np.sqrt(squares / np.float32(d) + eps)
-        for c in range(d):
+        mean = _sum(row) / d
+        scale = np.float32(1.0) / np.sqrt(_sum_of_squares(row, mean) / d + eps)
+        for c in range(x.shape[1]):
             out[r, c] = (row[c] - mean) * scale * weight[c] + bias[c]
 
 
@@ -41,16 +54,13 @@ def layer_norm(x, weight, bias, eps):  # float32 [..., d] -> [..., d]
     return out.reshape(x.shape)
 
 
-@njit(cache=True, fastmath={"reassoc"}, error_model="numpy")  # numpy's: a division stays vectorisable
+@njit(cache=True, error_model="numpy")
 def _rms_norm_rows(x, weight, eps, out):  # x, out [n, d]
-    d = x.shape[1]
+    d = np.float32(x.shape[1])
     for r in range(x.shape[0]):
         row = x[r]
-        squares = np.float32(0.0)
-        for c in range(d):
-            squares += row[c] * row[c]
-        denominator = np.sqrt(squares / np.float32(d) + eps)
-        for c in range(d):
+        denominator = np.sqrt(_sum_of_squares(row, np.float32(0.0)) / d + eps)
+        for c in range(x.shape[1]):
             out[r, c] = row[c] / denominator * weight[c]
 
 

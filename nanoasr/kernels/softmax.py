@@ -59,7 +59,9 @@ def exp_nonpositive(x):  # float32 x <= 0 (a score minus its row max) -> e^x wit
     return p * scale if x >= _UNDERFLOW else np.float32(0.0)
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"})
+# numpy's error model: a row without a finite maximum (all masked, NaN, +inf) sums to 0 and comes out NaN,
+# as in the numpy twin and torch, instead of raising ZeroDivisionError.
+@njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
 def _softmax_rows(x, tops):  # x [n, m] float32, overwritten row by row; tops [n] the row maxima
     m = x.shape[1]
     for i in range(x.shape[0]):

@@ -52,6 +52,11 @@ class KVCache:
         self.lengths[[a, b]] = self.lengths[[b, a]]
 
 
+def cache_bytes_per_position(cfg: TextConfig) -> int:
+    """Bytes one position of one batch row takes in a KVCache (k and v, every layer, float32)."""
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+
+
 def embed(ids, w):  # [n] token ids -> [n, H]
     table = w[EMBED]
     if isinstance(table, StoredTensor):
@@ -71,21 +76,50 @@ def _write_cache(cache: KVCache, layer, rows: slice, start, k, v):  # k, v [B, n
         cache.v[layer, rows.start, :, s:s + n] = v[0].transpose(1, 0, 2)
 
 
-def _prefill_attention(q, keys, values, mask, group):  # q [B, n, heads, hd], cache views -> [B, n, heads*hd]
+# Prefill scores are [B, kv heads, group, n, m] float32, for a long prompt more memory than the weights. They
+# are made a block of kv heads at a time (one GEMM per head either way, so the bits do not change) and, when
+# one head's scores are too big, a block of query rows at a time: a block's scores never pass this many bytes
+# (for up to PREFILL_SCORE_BYTES / (4 * B * group) keys; a block holds at least one query row).
+PREFILL_SCORE_BYTES = 64 << 20
+
+
+def _score_blocks(b, kv_heads, group, n, m):  # -> (kv heads, query rows) per block
+    per_head = 4 * b * group * n * m
+    if per_head <= PREFILL_SCORE_BYTES:
+        return max(1, min(kv_heads, PREFILL_SCORE_BYTES // per_head)), n
+    return 1, max(1, PREFILL_SCORE_BYTES // (4 * b * group * m))
+
+
+def _prefill_attention(q, keys, values, positions, group):  # q [B, n, heads, hd], keys/values [B, kvh, m, hd]
+    # (the cache up to the last query), positions [B, n] of the queries -> [B, n, heads*hd]
     xp = array_module(q)
     b, n, _, hd = q.shape
-    kvh, m = keys.shape[1], mask.shape[-1]
-    keys, values = keys[:, :, :m], values[:, :, :m]  # [B, kvh, m, hd]
+    kvh, m = keys.shape[1], keys.shape[2]
     # the query heads sharing a kv head become one [g*n, hd] matrix, so each product is one plain GEMM
     q = xp.ascontiguousarray((q * np.float32(hd ** -0.5)).reshape(b, n, kvh, group, hd)
-                             .transpose(0, 2, 3, 1, 4))
-    scores = (q.reshape(b, kvh, group * n, hd) @ xp.swapaxes(keys, -1, -2)).reshape(b, kvh, group, n, m)
-    probs = softmax_inplace(mask_inplace(scores, mask[:, None, None]))
-    attn = probs.reshape(b, kvh, group * n, m) @ values  # [B, kvh, g*n, hd]
-    return attn.reshape(b, kvh, group, n, hd).transpose(0, 3, 1, 2, 4).reshape(b, n, -1)
+                             .transpose(0, 2, 3, 1, 4))  # [B, kvh, g, n, hd]
+    heads, rows = _score_blocks(b, kvh, group, n, m)
+    key_positions = xp.arange(m)
+    out = xp.empty((b, n, kvh, group, hd), np.float32)
+    for h in range(0, kvh, heads):
+        for r in range(0, n, rows):
+            keep = key_positions <= positions[:, r:r + rows, None]  # [B, rows, m]: causal + per-row length
+            kv, qs = slice(h, h + heads), slice(r, r + rows)
+            out[:, qs, kv] = _attend_block(q[:, kv, :, qs], keys[:, kv], values[:, kv], keep)
+    return out.reshape(b, n, -1)
 
 
-def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, rope, mask):  # [B, n, H]
+def _attend_block(q, keys, values, keep):  # q [B, h, g, c, hd], keys/values [B, h, m, hd], keep [B, c, m]
+    # -> [B, c, h, g, hd] (a view)
+    xp = array_module(q)
+    b, h, g, c, hd = q.shape
+    m = keys.shape[2]
+    scores = (q.reshape(b, h, g * c, hd) @ xp.swapaxes(keys, -1, -2)).reshape(b, h, g, c, m)
+    probs = softmax_inplace(mask_inplace(scores, keep[:, None, None]))
+    return (probs.reshape(b, h, g * c, m) @ values).reshape(b, h, g, c, hd).transpose(0, 3, 1, 2, 4)
+
+
+def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, rope, positions):  # [B, n, H]
     xp = array_module(x)
     p = f"{P}layers.{i}."
     b, n, _ = x.shape
@@ -104,7 +138,8 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
         q = (q * np.float32(hd ** -0.5)).reshape(b, kvh, group, hd)
         attn = decode_attention(q, cache.k[i, rows], cache.v[i, rows], start + 1).reshape(b, 1, -1)
     else:
-        attn = _prefill_attention(q, cache.k[i, rows], cache.v[i, rows], mask, group)
+        m = int(start.max()) + n  # keys up to the last query's position
+        attn = _prefill_attention(q, cache.k[i, rows, :, :m], cache.v[i, rows, :, :m], positions, group)
     x = x + linear(attn, w[p + "self_attn.o_proj.weight"])
     h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
     gated = swiglu(linear(h, w[p + "mlp.gate_proj.weight"]), linear(h, w[p + "mlp.up_proj.weight"]))
@@ -119,11 +154,9 @@ def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start):  # [B, n
     positions = start[:, None] + np.arange(n)[None, :]  # [B, n]
     cos, sin = rope_tables(xp.asarray(positions.reshape(-1)), cfg.head_dim, cfg.rope_theta)
     rope = (cos.reshape(b, n, -1), sin.reshape(b, n, -1))
-    key_positions = np.arange(int(positions.max()) + 1)
-    # [B, n, m] causal + per-row length
-    mask = xp.asarray(key_positions[None, None, :] <= positions[:, :, None])
+    on_device = xp.asarray(positions)
     for i in range(cfg.num_hidden_layers):
-        x = decoder_layer(x, w, i, cfg, cache, rows, start, rope, mask)
+        x = decoder_layer(x, w, i, cfg, cache, rows, start, rope, on_device)
     cache.lengths[rows] = positions[:, -1] + 1
     return rms_norm(x[:, -1], w[P + "norm.weight"], cfg.rms_norm_eps)
 

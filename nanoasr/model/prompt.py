@@ -12,7 +12,14 @@ SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start
 SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"
 CONTEXT_HEADER = "请结合上下文信息，更加准确地完成语音转写任务。如果没有相关信息，我们会留空。\n\n\n**上下文信息：**\n\n\n"
 NO_ITN = "，不进行文本规整"
-MAX_HOTWORDS = 100  # many hotwords make looping output likely; past this it is a mistake, not a vocabulary
+# Limits on what the user adds to the prompt. Every prompt token is attended to by every decoded token and is
+# kept in each batch row's KV cache (about 0.23 MB a token in float32 for Qwen3-0.6B), so past these a prompt
+# is a mistake, not a vocabulary: they are far above normal use.
+MAX_HOTWORDS = 100  # many hotwords make looping output likely
+MAX_HOTWORD_CHARS = 100  # one term or name
+MAX_HOTWORDS_CHARS = 4096  # all hotwords together
+MAX_CONTEXT_CHARS = 4096  # the server's `prompt` field has the same limit
+MAX_PROMPT_TOKENS = 4096  # text tokens around the audio, template included; checked where the ids are made
 
 # The checkpoint knows the languages by their Chinese names; users give ISO codes or names.
 LANGUAGE_NAMES = {"zh": "中文", "en": "英文", "ja": "日文"}
@@ -36,14 +43,15 @@ def language_code(language: str | None) -> str | None:
 
 def instruction(language=None, itn=True, hotwords=(), context=None) -> str:
     """The user instruction before the audio: [context block] + 语音转写[成X][，不进行文本规整]："""
-    hotwords = [h.strip() for h in hotwords if h and h.strip()]
-    if len(hotwords) > MAX_HOTWORDS:
-        raise OptionError(f"at most {MAX_HOTWORDS} hotwords are accepted; got {len(hotwords)}")
+    hotwords = _checked_hotwords(hotwords)
+    context = (context or "").strip()
+    if len(context) > MAX_CONTEXT_CHARS:
+        raise OptionError(f"context is limited to {MAX_CONTEXT_CHARS} characters; got {len(context)}")
     text = ""
     if hotwords or context:
         text = CONTEXT_HEADER
         if context:
-            text += context.strip() + "\n"
+            text += context + "\n"
         if hotwords:
             text += "热词列表：[" + ", ".join(hotwords) + "]\n"
     code = language_code(language)
@@ -51,10 +59,27 @@ def instruction(language=None, itn=True, hotwords=(), context=None) -> str:
     return text + ("" if itn else NO_ITN) + "："
 
 
+def _checked_hotwords(hotwords) -> list[str]:  # stripped, empty ones dropped, within the limits
+    hotwords = [h.strip() for h in hotwords if h and h.strip()]
+    if len(hotwords) > MAX_HOTWORDS:
+        raise OptionError(f"at most {MAX_HOTWORDS} hotwords are accepted; got {len(hotwords)}")
+    longest = max(hotwords, key=len, default="")
+    if len(longest) > MAX_HOTWORD_CHARS:
+        raise OptionError(f"a hotword is limited to {MAX_HOTWORD_CHARS} characters; got {len(longest)} in "
+                          f"{longest[:40]!r}...")
+    total = sum(map(len, hotwords))
+    if total > MAX_HOTWORDS_CHARS:
+        raise OptionError(f"hotwords are limited to {MAX_HOTWORDS_CHARS} characters in all; got {total}")
+    return hotwords
+
+
 def prompt_ids(tokenizer, n_audio: int, **options) -> tuple[np.ndarray, int]:
     """(ids [L] int64 with n_audio placeholders, index of the first placeholder)."""
     before = tokenizer.encode(SYSTEM + instruction(**options))
     after = tokenizer.encode(SUFFIX)
+    if len(before) + len(after) > MAX_PROMPT_TOKENS:
+        raise OptionError(f"the prompt is limited to {MAX_PROMPT_TOKENS} text tokens; hotwords and context "
+                          f"make it {len(before) + len(after)}")
     ids = np.array(before + [tokenizer.audio] * n_audio + after, dtype=np.int64)
     return ids, len(before)
 

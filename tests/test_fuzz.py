@@ -1,0 +1,207 @@
+"""Mutated WAV, FLAC, MP3, safetensors and GGUF files: a NanoasrError or a transcript, never another
+exception, within a time and memory bound. Bounded by example count so the suite stays short."""
+import io
+import json
+import shutil
+import struct
+import tracemalloc
+
+import numpy as np
+import pytest
+import soundfile
+from gguf import GGUFReader
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nanoasr.api import Model
+from nanoasr.errors import NanoasrError
+from nanoasr.formats import gguf
+from nanoasr.model.weights import load_checkpoint
+
+AUDIO_EXAMPLES, CHECKPOINT_EXAMPLES = 60, 25
+SECONDS_PER_EXAMPLE = 60  # a hang, not a slow example, is what this bound catches
+PEAK_MB = 400  # Python-visible allocations (numpy's included) while one example runs
+
+
+def fuzz(examples: int):
+    return settings(max_examples=examples, deadline=SECONDS_PER_EXAMPLE * 1000, derandomize=True,
+                    database=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def speech_like(seconds=0.6, rate=16000):  # [N] float32: a few harmonics under a syllable-rate envelope
+    t = np.arange(round(seconds * rate)) / rate
+    voice = sum(np.sin(2 * np.pi * f * t) / k for k, f in enumerate((140, 280, 420, 1100), 1))
+    return (0.3 * voice * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t))).astype(np.float32)
+
+
+def encoded(fmt: str) -> bytes:
+    buf = io.BytesIO()
+    soundfile.write(buf, speech_like(), 16000, format=fmt,
+                    subtype={"WAV": "PCM_16", "FLAC": "PCM_16", "MP3": "MPEG_LAYER_III"}[fmt])
+    return buf.getvalue()
+
+
+@st.composite
+def mutated(draw, seed: bytes, hot: int):
+    """`seed` with a few byte flips, overwrites, insertions, deletions or a truncation, mostly in its first
+    `hot` bytes (the headers, where parsing happens)."""
+    data = bytearray(seed)
+    for _ in range(draw(st.integers(1, 4))):
+        end = min(hot, len(data)) if draw(st.booleans()) or len(data) <= hot else len(data)
+        at = draw(st.integers(0, max(end - 1, 0)))
+        op = draw(st.sampled_from(["flip", "set", "insert", "delete", "truncate", "int"]))
+        if op == "flip" and data:
+            data[at] ^= 1 << draw(st.integers(0, 7))
+        elif op == "set" and data:
+            data[at] = draw(st.integers(0, 255))
+        elif op == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=16))
+        elif op == "delete":
+            del data[at:at + draw(st.integers(1, 16))]
+        elif op == "truncate":
+            del data[at:]
+        elif op == "int" and at + 8 <= len(data):  # a length or count field set to an extreme value
+            extreme = draw(st.sampled_from([0, 1, 2 ** 31 - 1, 2 ** 32 - 1, 2 ** 63 - 1, 2 ** 64 - 1]))
+            data[at:at + 8] = struct.pack("<Q", extreme)
+    return bytes(data)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6)
+
+
+def _paths(node, prefix=()):  # every key path in a parsed JSON document
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield prefix + (key,)
+        yield from _paths(child, prefix + (key,))
+
+
+@st.composite
+def json_mutated(draw, document):
+    """A deep copy of `document` with one to three values replaced by JSON of another kind or range, or
+    removed."""
+    document = json.loads(json.dumps(document))
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(sorted(_paths(document), key=repr)))
+        parent = document
+        for key in path[:-1]:
+            parent = parent[key]
+        if draw(st.integers(0, 4)) == 0:
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = draw(JSON_VALUES)
+    return document
+
+
+def bounded(call):
+    """Runs call() and asserts that it returned or raised a NanoasrError within the memory bound."""
+    tracemalloc.start()
+    try:
+        call()
+    except NanoasrError:
+        pass
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peak < PEAK_MB * 2 ** 20, f"peak {peak / 2 ** 20:.0f} MB"
+
+
+def transcribe(model, data):
+    model.transcribe(data, max_new_tokens=4, max_duration_s=60)
+
+
+@pytest.mark.parametrize("fmt", ["WAV", "FLAC", "MP3"])
+def test_mutated_audio(tiny_model, fmt):
+    seed = encoded(fmt)
+
+    @fuzz(AUDIO_EXAMPLES)
+    @given(data=mutated(seed, hot=256))
+    def check(data):
+        bounded(lambda: transcribe(tiny_model, data))
+
+    check()
+
+
+@pytest.fixture(scope="module")
+def wave_bytes():
+    return encoded("WAV")
+
+
+def checkpoint_case(tiny_dir, tmp_path_factory, name: str, data: bytes):
+    folder = tmp_path_factory.mktemp("fuzzed")
+    for f in tiny_dir.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, folder / f.name)
+    (folder / name).write_bytes(data)
+    return folder
+
+
+def test_mutated_safetensors(tiny_dir, tmp_path_factory, wave_bytes):
+    seed = (tiny_dir / "model.safetensors").read_bytes()
+    hot = 8 + struct.unpack("<Q", seed[:8])[0]
+
+    @fuzz(CHECKPOINT_EXAMPLES)
+    @given(data=mutated(seed, hot=hot))
+    def check(data):
+        folder = checkpoint_case(tiny_dir, tmp_path_factory, "model.safetensors", data)
+        bounded(lambda: transcribe(Model(load_checkpoint(folder)), wave_bytes))
+        shutil.rmtree(folder)
+
+    check()
+
+
+def test_mutated_gguf(tiny_dir, tmp_path_factory, wave_bytes):
+    path = tmp_path_factory.mktemp("seed") / "tiny-f16.gguf"
+    gguf.write(path, load_checkpoint(tiny_dir), "f16", report=False, progress=None)
+    seed = path.read_bytes()
+    hot = GGUFReader(path).data_offset
+
+    @fuzz(CHECKPOINT_EXAMPLES)
+    @given(data=mutated(seed, hot=hot))
+    def check(data):
+        target = tmp_path_factory.mktemp("fuzzed") / "model.gguf"
+        target.write_bytes(data)
+        bounded(lambda: transcribe(Model(load_checkpoint(target)), wave_bytes))
+        target.unlink()
+
+    check()
+
+
+def safetensors_with_header(seed: bytes, header: dict) -> bytes:
+    n = struct.unpack("<Q", seed[:8])[0]
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + seed[8 + n:]
+
+
+def test_safetensors_headers_of_the_wrong_kind(tiny_dir, tmp_path_factory, wave_bytes):
+    seed = (tiny_dir / "model.safetensors").read_bytes()
+    header = json.loads(seed[8:8 + struct.unpack("<Q", seed[:8])[0]])
+
+    @fuzz(CHECKPOINT_EXAMPLES)
+    @given(changed=json_mutated(header))
+    def check(changed):
+        folder = checkpoint_case(tiny_dir, tmp_path_factory, "model.safetensors",
+                                 safetensors_with_header(seed, changed))
+        bounded(lambda: transcribe(Model(load_checkpoint(folder)), wave_bytes))
+        shutil.rmtree(folder)
+
+    check()
+
+
+def test_configs_of_the_wrong_kind(tiny_dir, tmp_path_factory, wave_bytes):
+    config = json.loads((tiny_dir / "config.json").read_text())
+
+    @fuzz(CHECKPOINT_EXAMPLES)
+    @given(changed=json_mutated(config))
+    def check(changed):
+        folder = checkpoint_case(tiny_dir, tmp_path_factory, "model.safetensors",
+                                 (tiny_dir / "model.safetensors").read_bytes())
+        (folder / "config.json").write_text(json.dumps(changed))
+        bounded(lambda: transcribe(Model(load_checkpoint(folder)), wave_bytes))
+        shutil.rmtree(folder)
+
+    check()

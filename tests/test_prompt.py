@@ -1,0 +1,96 @@
+"""The transcription prompt against FunASR's own prompt builder, and the prompt's limits.
+
+tests/fixtures/prompts_funasr.json holds what FunASR's code builds (tools/reference/prompts.py runs its
+functions from the funasr wheel), with the token ids of each text piece as FunASR tokenizes them.
+"""
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from nanoasr.errors import OptionError
+from nanoasr.model import prompt
+from nanoasr.model.tokenizer import Tokenizer
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FUNASR = json.loads((FIXTURES / "prompts_funasr.json").read_text(encoding="utf-8"))
+VARIANTS = FUNASR["variants"]
+AUDIO_TOKEN_ID = 151646
+CODES = {"中文": "zh", "英文": "en", "日文": "ja"}
+
+
+def name(v) -> str:
+    return f"{'+'.join(v['hotwords']) or 'no-hotwords'}-{v['language']}-itn={v['itn']}"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    text = gzip.decompress((FIXTURES / "tiny" / "tokenizer.json.gz").read_bytes()).decode("utf-8")
+    return Tokenizer(text, AUDIO_TOKEN_ID)
+
+
+def test_the_fixture_names_its_source_and_covers_the_grid():
+    source = FUNASR["source"]
+    assert source["package"] == "funasr" and source["version"] and len(source["file_sha256"]) == 64
+    grid = {(tuple(v["hotwords"]), v["language"], v["itn"]) for v in VARIANTS}
+    assert len(grid) == len(VARIANTS) == 24
+    assert {v["language"] for v in VARIANTS} == {None, "中文", "英文", "日文"}
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=name)
+def test_instruction_and_template_equal_funasrs(v):
+    ours = prompt.instruction(v["language"], v["itn"], v["hotwords"])
+    assert ours == v["instruction"]
+    assert prompt.SYSTEM + ours == v["pieces"][0]
+    assert prompt.SUFFIX == v["pieces"][1]
+    if v["language"] is not None:  # the ISO code names the same language
+        assert prompt.instruction(CODES[v["language"]], v["itn"], v["hotwords"]) == v["instruction"]
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=name)
+def test_token_ids_equal_funasrs_pieces_tokenized_apart(tokenizer, v):
+    ids, start = prompt.prompt_ids(tokenizer, 3, language=v["language"], itn=v["itn"], hotwords=v["hotwords"])
+    before, after = v["ids"]
+    assert start == len(before)
+    assert ids.tolist() == before + [AUDIO_TOKEN_ID] * 3 + after
+
+
+def test_the_default_prefix_is_the_18_tokens_funasr_uses():
+    (default,) = [v for v in VARIANTS if not v["hotwords"] and v["language"] is None and v["itn"]]
+    assert len(default["ids"][0]) == 18
+
+
+@pytest.mark.parametrize("v", [v for v in VARIANTS if v["itn"]], ids=name)
+def test_context_goes_under_funasrs_context_header(v):
+    """FunASR 1.4.16's get_prompt takes no context: nanoasr's `context` is its own addition. Its text goes
+    under the context header FunASR writes for hotwords, before FunASR's hotword list."""
+    with_hotwords = next(w for w in VARIANTS if w["hotwords"])["instruction"]
+    header = with_hotwords[:with_hotwords.index("热词列表")]
+    context = "  A meeting about the 2025 budget.\n"
+    ours = prompt.instruction(v["language"], v["itn"], v["hotwords"], context)
+    rest = v["instruction"][len(header):] if v["hotwords"] else v["instruction"]
+    assert ours == header + context.strip() + "\n" + rest
+
+
+def test_blank_hotwords_and_context_add_nothing():
+    assert prompt.instruction(hotwords=["", "  "], context=" \n ") == prompt.instruction()
+
+
+def test_prompt_token_limit_counts_the_text_around_the_audio(tokenizer, monkeypatch):
+    ids, _ = prompt.prompt_ids(tokenizer, 5)
+    text_tokens = len(ids) - 5
+    monkeypatch.setattr(prompt, "MAX_PROMPT_TOKENS", text_tokens)
+    prompt.prompt_ids(tokenizer, 5)
+    monkeypatch.setattr(prompt, "MAX_PROMPT_TOKENS", text_tokens - 1)
+    limit = f"limited to {text_tokens - 1} text tokens; hotwords and context make it {text_tokens}"
+    with pytest.raises(OptionError, match=limit):
+        prompt.prompt_ids(tokenizer, 5)
+
+
+def test_a_context_within_the_character_limit_can_pass_the_token_limit(tokenizer):
+    """Characters outside the common vocabulary take several byte tokens each."""
+    context = "\U0001d306" * prompt.MAX_CONTEXT_CHARS
+    prompt.instruction(context=context)  # within the character limit
+    with pytest.raises(OptionError, match=f"limited to {prompt.MAX_PROMPT_TOKENS} text tokens"):
+        prompt.prompt_ids(tokenizer, 1, context=context)
