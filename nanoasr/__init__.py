@@ -6,12 +6,13 @@
 
 Importing nanoasr is light: numba kernels and CuPy load only when a model needs them.
 """
-from nanoasr.errors import AudioError, ModelError, NanoasrError, OptionError
+from nanoasr.errors import AudioError, AudioTooLongError, ModelError, NanoasrError, OptionError
 from nanoasr.transcript import Segment, Transcript
 
 __version__ = "0.1.0"
 __all__ = [
-    "AudioError", "Model", "ModelError", "NanoasrError", "OptionError", "Segment", "Transcript", "load_model",
+    "AudioError", "AudioTooLongError", "Model", "ModelError", "NanoasrError", "OptionError", "Segment",
+    "Transcript", "load_model",
 ]
 
 

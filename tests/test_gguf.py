@@ -17,6 +17,7 @@ from nanoasr.errors import ModelError
 from nanoasr.formats import gguf as ours
 from nanoasr.model.config import AdaptorConfig, AudioConfig, Config, TextConfig
 from nanoasr.model.weights import Checkpoint, expected_tensors
+from nanoasr.quant import quantize
 from nanoasr.tensor import StoredTensor
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny"
@@ -166,7 +167,6 @@ def test_vocabulary_arrays_rebuild_the_same_tokenizer(checkpoint, written):
 
 
 def test_quantized_round_trip_matches_the_gguf_dequantizers(checkpoint, written):
-    quantize = pytest.importorskip("nanoasr.quant.quantize")
     n_layers = checkpoint.config.text.num_hidden_layers
     for target, bound in (("q8_0", 0.01), ("q4_k_m", 0.1)):
         path, rows = written(target)
@@ -461,11 +461,8 @@ def fixture_checkpoint(tmp_path):
     return load_checkpoint(tmp_path)
 
 
-@pytest.mark.skipif(not (FIXTURE / "config.json").exists(), reason="tests/fixtures/tiny is not committed yet")
 @pytest.mark.parametrize("target", ours.TARGETS)
 def test_committed_fixture_round_trip(tmp_path, target):
-    if target in ("q8_0", "q4_k_m"):
-        pytest.importorskip("nanoasr.quant.quantize")
     source = fixture_checkpoint(tmp_path)
     path = tmp_path / f"fixture-{target}.gguf"
     rows = ours.write(path, source, target, report=True, progress=None)
