@@ -69,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"nanoasr {_version()}")
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=None,
-                       help="checkpoint directory or .gguf file, hub id org/repo[@revision], or package name "
-                            "(default: the official safetensors package at its pinned revision)")
+                       help="checkpoint directory, .gguf or FunASR model.pt file, hub id "
+                            "org/repo[@revision], or package name (default: the official safetensors package "
+                            "at its pinned revision)")
     model.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="where to run")
     model.add_argument("--threads", type=int, default=None, metavar="N",
                        help="CPU threads for numba and BLAS (default: all cores)")

@@ -1,4 +1,4 @@
-"""nanoasr convert: a checkpoint (directory, .gguf or hub id) -> a nanoasr GGUF of one type.
+"""nanoasr convert: a checkpoint (directory, .gguf, FunASR model.pt or hub id) -> a nanoasr GGUF of one type.
 
 The per-tensor error table and the size summary go to stdout, progress to stderr.
 """
@@ -23,7 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="nanoasr convert", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("source", help="checkpoint directory, .gguf file, or hub id org/name[@revision]")
+    parser.add_argument("source",
+                        help="checkpoint directory, .gguf or FunASR model.pt file, "
+                             "or hub id org/name[@revision]")
     parser.add_argument("--type", dest="target", choices=TARGETS, default="q8_0",
                         help="GGUF type (mix) to write")
     parser.add_argument("--output", "-o", required=True, help="the .gguf file to write")
@@ -45,7 +47,7 @@ def resolve(source: str, revision: str | None) -> tuple[Path, str | None, str | 
         return path, *((f"{match['org']}/{match['name']}", match["revision"]) if match else (None, revision))
     repo, _, pinned = source.partition("@")
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
-        raise ModelError(f"{source}: no such checkpoint directory or .gguf file, and not a hub id org/name")
+        raise ModelError(f"{source}: no such checkpoint directory or file, and not a hub id org/name")
     revision = revision or pinned or None
     try:
         from nanoasr import hub

@@ -693,7 +693,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanoasr serve",
                                      description="OpenAI-compatible transcription server",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", default=None, help="checkpoint directory, .gguf, hub id or package name")
+    parser.add_argument("--model", default=None,
+                        help="checkpoint directory, .gguf or model.pt file, hub id or package name")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (loopback unless you say otherwise)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")
