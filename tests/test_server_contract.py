@@ -153,6 +153,14 @@ def test_more_bad_fields_are_400(url, data, param):
     assert_envelope(post(url, data), 400, param)
 
 
+def test_a_refused_option_is_answered_for_its_own_field(url):
+    # Options refuses the hotwords before the language; the answer names the first bad field in form order
+    # with that field's own message
+    hotwords = ",".join(f"w{i}" for i in range(101))
+    error = assert_envelope(post(url, {"language": "klingon", "hotwords": hotwords}), 400, "language")
+    assert "klingon" in error["message"]
+
+
 def test_missing_model_and_two_files_are_400(url):
     response = httpx.post(url + "/v1/audio/transcriptions",
                           files={"file": ("a.wav", wav_bytes(), "audio/wav")})

@@ -1,0 +1,114 @@
+"""The FastAPI app. Routes, error handlers and the API-key check are defined here once; each reads the one
+Service that create_app keeps in the app's state."""
+
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from nanoasr.server.errors import ApiError, internal_error
+from nanoasr.server.openapi import OPENAPI_REQUEST, OPENAPI_RESPONSES
+from nanoasr.server.responses import event_stream_response, transcript_response
+from nanoasr.server.service import Service
+
+MODEL_ID = "fun-asr-nano"
+TRANSCRIPTIONS = "/v1/audio/transcriptions"
+MIB = 1024 * 1024
+
+router = APIRouter()
+
+
+def service_of(request: Request) -> Service:
+    return request.app.state.service
+
+
+@router.get("/health")
+async def health(request: Request):
+    queue = service_of(request).queue
+    return {"status": "ok", "queued": queue.pending, "served": queue.served}
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    source = getattr(getattr(service_of(request).model, "checkpoint", None), "source", {}) or {}
+    return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "owned_by": "nanoasr",
+                                        "repo": source.get("repo"), "revision": source.get("revision"),
+                                        "license": source.get("license")}]}
+
+
+@router.post(TRANSCRIPTIONS, openapi_extra=OPENAPI_REQUEST, responses=OPENAPI_RESPONSES)
+async def transcriptions(request: Request):
+    service = service_of(request)
+    form, options = await service.receive(request)
+    if options.stream:
+        return await event_stream_response(service, form, options)
+    return transcript_response(await service.start(form, options, None), options.response_format)
+
+
+async def require_key(request: Request, call_next):
+    api_key = service_of(request).api_key
+    if api_key is not None and request.url.path.startswith("/v1/"):
+        if request.headers.get("authorization", "") != f"Bearer {api_key}":
+            return error_response(ApiError(401, "Incorrect or missing API key", code="invalid_api_key"))
+    return await call_next(request)
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+async def on_api_error(request, err: ApiError):
+    return error_response(err)
+
+
+async def on_validation_error(request, err: RequestValidationError):
+    first = err.errors()[0] if err.errors() else {}
+    param = str(first.get("loc", ["", ""])[-1]) or None
+    return error_response(ApiError(400, f"invalid request: {param}: {first.get('msg', 'bad value')}",
+                                   param=param))
+
+
+async def on_http_error(request, err: StarletteHTTPException):
+    type_ = "invalid_request_error" if err.status_code < 500 else "server_error"
+    return error_response(ApiError(err.status_code, str(err.detail), type_))
+
+
+async def on_unexpected(request, err: Exception):
+    return error_response(internal_error(err))
+
+
+ERROR_HANDLERS = {ApiError: on_api_error, RequestValidationError: on_validation_error,
+                  StarletteHTTPException: on_http_error, Exception: on_unexpected}
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    """The upload directory lives as long as the server."""
+    uploads = app.state.service.uploads
+    uploads.open()
+    try:
+        yield
+    finally:
+        uploads.close()
+
+
+def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, max_queue: int = 16,
+               max_duration_s: float = 3600, read_timeout_s: float = 30, upload_dir: str | None = None):
+    """The ASGI app serving `model` (a nanoasr Model, or anything with its transcribe()).
+
+    Uploads are written to temporary files in this server's own directory inside `upload_dir` (the
+    system's temporary directory when None), made at startup and removed at shutdown; each file is
+    removed as soon as its audio is decoded or its request fails.
+    """
+    app = FastAPI(title="nanoasr", version="1", lifespan=lifespan,
+                  description="OpenAI-compatible speech-to-text with Fun-ASR-Nano")
+    app.state.service = Service(model, api_key=api_key, max_bytes=int(max_upload_mb * MIB),
+                                max_queue=max_queue, max_duration_s=max_duration_s,
+                                read_timeout_s=read_timeout_s, upload_dir=upload_dir)
+    app.include_router(router)
+    for error, handler in ERROR_HANDLERS.items():
+        app.add_exception_handler(error, handler)
+    app.middleware("http")(require_key)
+    return app

@@ -1,0 +1,101 @@
+"""The transcript as a response: json, text, srt, vtt or verbose_json, or server-sent events that carry the
+text each finished segment adds, then the whole text (or an error)."""
+
+import asyncio
+import gzip
+import json
+
+from nanoasr.server.errors import ApiError, internal_error
+
+MEDIA_TYPES = {"text": "text/plain; charset=utf-8", "srt": "application/x-subrip; charset=utf-8",
+               "vtt": "text/vtt; charset=utf-8"}
+ENGLISH_NAMES = {"zh": "chinese", "en": "english", "ja": "japanese"}
+
+
+def transcript_response(transcript, response_format: str):
+    from fastapi.responses import JSONResponse, PlainTextResponse
+
+    from nanoasr import writers
+
+    if response_format == "json":
+        return JSONResponse({"text": transcript.text})
+    if response_format == "verbose_json":
+        return JSONResponse(verbose_json(transcript))
+    body = transcript.text if response_format == "text" else writers.render(transcript, response_format)
+    return PlainTextResponse(body, media_type=MEDIA_TYPES[response_format])
+
+
+def verbose_json(transcript) -> dict:
+    segments = [
+        {"id": i, "seek": int(round(s.start * 100)), "start": s.start, "end": s.end, "text": s.text,
+         "tokens": list(s.token_ids), "temperature": 0.0, "avg_logprob": s.avg_logprob,
+         "compression_ratio": compression_ratio(s.text), "no_speech_prob": 0.0}
+        for i, s in enumerate(x for x in transcript.segments if x.text)
+    ]
+    return {"task": "transcribe", "language": ENGLISH_NAMES.get(transcript.language, "auto"),
+            "duration": transcript.duration_s, "text": transcript.text, "segments": segments,
+            "usage": {"type": "duration", "seconds": transcript.duration_s}}
+
+
+def compression_ratio(text: str) -> float:
+    data = text.encode("utf-8")
+    return len(data) / len(gzip.compress(data)) if data else 0.0
+
+
+def events_sink(loop, events: asyncio.Queue, first_segment: asyncio.Future):
+    """on_segment for the worker thread: the text each finished segment adds to the joined transcript;
+    `first_segment` is set when the first one is done."""
+    from nanoasr.api import join_texts
+
+    texts: list[str] = []
+
+    def on_segment(segment):
+        before = join_texts(texts)
+        texts.append(segment.text)
+        delta = join_texts(texts)[len(before):]
+        if delta:
+            loop.call_soon_threadsafe(events.put_nowait, {"type": "transcript.text.delta", "delta": delta})
+        loop.call_soon_threadsafe(settle, first_segment)
+
+    return on_segment
+
+
+def settle(future: asyncio.Future) -> None:
+    if not future.done():  # set once; a request cancelled while waiting leaves it cancelled
+        future.set_result(None)
+
+
+async def stream_events(events: asyncio.Queue, job: asyncio.Future):
+    """SSE: a delta per finished segment, then transcript.text.done (or an error event)."""
+    while not (job.done() and events.empty()):
+        getter = asyncio.ensure_future(events.get())
+        done, _ = await asyncio.wait({getter, job}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            yield sse(getter.result())
+        else:
+            getter.cancel()
+    try:
+        final = {"type": "transcript.text.done", "text": job.result().text}
+    except ApiError as err:
+        final = {"type": "error", **err.body()}
+    except Exception as exc:
+        final = {"type": "error", **internal_error(exc).body()}
+    yield sse(final)
+
+
+def sse(event: dict) -> str:
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+async def event_stream_response(service, form, options):
+    """SSE, answered once the first segment is done: a failure before it (bad audio, a prompt over the token
+    limit) gets its own status code, as without streaming."""
+    from fastapi.responses import StreamingResponse
+
+    loop = asyncio.get_running_loop()
+    events, first_segment = asyncio.Queue(), loop.create_future()
+    job = service.start(form, options, events_sink(loop, events, first_segment))
+    await asyncio.wait({first_segment, job}, return_when=asyncio.FIRST_COMPLETED)
+    if not first_segment.done():
+        job.result()  # the job ended with no segment: a failure raises here, before anything was sent
+    return StreamingResponse(stream_events(events, job), media_type="text/event-stream")
