@@ -1,4 +1,10 @@
 """CPU kernels held to gguf.quants.dequantize (and exact numpy casts) followed by a float64 matmul."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GT
@@ -77,6 +83,17 @@ def test_a_row_of_x_gets_the_same_bits_in_any_batch(dtype):
         np.testing.assert_array_equal(together[0].view(np.uint32), alone[0].view(np.uint32))
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("cols", [20, 100])
+def test_widen_dense_rows_of_any_length(dtype, cols):
+    """Dense rows need not be whole blocks of 32: the columns past the last block are widened too."""
+    rng = np.random.default_rng(cols)
+    data, w = stored(rng, dtype, 37, cols)
+    out = np.full((37, cols), np.nan, np.float32)
+    cpu.widen(data, dtype, 37, cols, out)
+    np.testing.assert_array_equal(out.view(np.uint32), w.view(np.uint32))
+
+
 def test_q8_0_from_quantized_floats():
     rng = np.random.default_rng(7)
     w = rng.standard_normal((64, 1024)).astype(np.float32)
@@ -149,9 +166,6 @@ def test_bad_arguments_are_named(call, message):
 
 
 def test_importing_nanoasr_does_not_import_numba():
-    import subprocess
-    import sys
-
     code = "import sys, nanoasr, nanoasr.kernels; print('numba' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
@@ -188,3 +202,39 @@ def test_dense_rows_of_any_length(dtype, batch, cols):
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
     rel = np.linalg.norm(out - ref, axis=1) / np.linalg.norm(ref, axis=1)
     assert rel.max() < TOL, f"{dtype} cols {cols} B={batch}: relative error {rel.max():.2e}"
+
+
+CACHED_RUN = textwrap.dedent("""
+    import json
+    import numpy as np
+    from gguf import GGMLQuantizationType as GT
+    from gguf.quants import dequantize
+    from nanoasr.kernels import cpu, matvec, widen
+
+    rng = np.random.default_rng(0)
+    calls = {}
+    for dtype, gt, scale_at in (("q8_0", GT.Q8_0, 0), ("q6_k", GT.Q6_K, 208)):
+        per, nbytes = cpu.QK[dtype]
+        raw = rng.integers(0, 256, (16, 2, nbytes), dtype=np.uint8)
+        raw[:, :, scale_at:scale_at + 2] = np.array([0.01], np.float16).view(np.uint8)
+        data = raw.reshape(16, -1)
+        w = cpu.widen(data, dtype, 16, 2 * per, np.empty((16, 2 * per), np.float32))
+        assert (w.view(np.uint32) == dequantize(data, gt).view(np.uint32)).all(), dtype
+        x = rng.standard_normal((1, 2 * per)).astype(np.float32)
+        y = cpu.matvec(x, data, dtype, 16, 2 * per, np.empty((1, 16), np.float32))
+        assert np.allclose(y, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4), dtype
+        for driver in (matvec.MATVEC[dtype], widen.WIDEN[dtype]):
+            calls[driver.__name__] = [sum(driver.stats.cache_hits.values()),
+                                      sum(driver.stats.cache_misses.values())]
+    print(json.dumps(calls))
+""")
+
+
+def test_drivers_load_from_the_disk_cache(tmp_path):
+    """A second process loads the drivers from numba's disk cache instead of compiling them again, and drivers
+    that take the same argument types (uint8 blocks) each get their own code back."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", CACHED_RUN], env=env, capture_output=True,
+                                      text=True, check=True).stdout) for _ in range(2)]
+    assert all(misses == 1 and hits == 0 for hits, misses in runs[0].values()), runs[0]
+    assert all(misses == 0 and hits == 1 for hits, misses in runs[1].values()), runs[1]

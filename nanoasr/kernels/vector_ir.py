@@ -1,0 +1,101 @@
+"""LLVM vector building blocks for the stored-weight kernels (llvmlite IR, emitted inside numba intrinsics).
+
+Numba leaves LLVM's SLP vectoriser off, and its loop vectoriser unrolls the 32-element loop inside a block and
+then vectorises across blocks with byte inserts and gathers (4-8 GB/s measured), so block work is written as
+explicit vector code with these helpers.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+F32 = ir.FloatType()
+I8 = ir.IntType(8)
+I16 = ir.IntType(16)
+I32 = ir.IntType(32)
+V16 = ir.VectorType(F32, 16)
+
+
+def i64(value: int) -> ir.Constant:
+    return ir.Constant(ir.IntType(64), value)
+
+
+def load_vector(builder, base, off, elty, n):
+    """Load n elements of elty at element offset `off` (an int) of pointer `base`, unaligned."""
+    ptr = builder.gep(base, [i64(off)]) if off else base
+    v = builder.load(builder.bitcast(ptr, ir.PointerType(ir.VectorType(elty, n))))
+    v.align = 1
+    return v
+
+
+def store_vector(builder, base, off, value):
+    """Store a vector at element offset `off` (an int) of pointer `base` (of the vector's element type)."""
+    ptr = builder.gep(base, [i64(off)]) if off else base
+    builder.store(value, builder.bitcast(ptr, ir.PointerType(value.type))).align = 1
+
+
+def lanes(builder, v, idx):
+    """Lanes idx of v (repeats allowed: a splat is lanes(v, [i] * n))."""
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, len(idx)), list(idx)))
+
+
+def pick(builder, a, b, idx):
+    """Lanes idx of a and b side by side (b's lanes numbered from len(a))."""
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, len(idx)), idx))
+
+
+def bytes_of(value, n=32):
+    """<n x i8> constant: `value` in every lane, or a list of lanes."""
+    return ir.Constant(ir.VectorType(I8, n), value if isinstance(value, list) else [value] * n)
+
+
+def pad16(builder, v):
+    """<8 x float> as <16 x float>, zeros above."""
+    return pick(builder, v, ir.Constant(v.type, None), list(range(16)))
+
+
+def mac(builder, ptr, a, b):
+    """*ptr += a * b for float vectors, rounded once (llvm.fma)."""
+    ty = a.type
+    fnty = ir.FunctionType(ty, [ty] * 3)
+    fma = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.fma.v{ty.count}f32")
+    builder.store(builder.call(fma, [a, b, builder.load(ptr)]), ptr)
+
+
+def prefetch(builder, ptr):
+    """Ask for the cache line at ptr (i8*). With several rows of x each weight line keeps the core busy for
+    many cycles, and the hardware prefetcher does not run far enough ahead of such a slow stream."""
+    fnty = ir.FunctionType(ir.VoidType(), [ptr.type, I32, I32, I32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+    builder.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
+def unrolled_loop(builder, count, unroll, body):
+    """body(index) for index < count, the loop unrolled `unroll` times."""
+    main = builder.udiv(count, i64(unroll))
+    with cgutils.for_range(builder, main) as loop:
+        for u in range(unroll):
+            body(builder.add(builder.mul(loop.index, i64(unroll)), i64(u)))
+    with cgutils.for_range(builder, builder.sub(count, builder.mul(main, i64(unroll)))) as loop:
+        body(builder.add(builder.mul(main, i64(unroll)), loop.index))
+
+
+def lane_sums(builder, vs):
+    """<len(vs) x float> of the lane sums of the 16-lane vectors vs (a power of two of them, at most 16):
+    pairs are folded into vectors of half-length segments until one is left, then its segments summed."""
+    seg = 16
+    while len(vs) > 1:
+        half = seg // 2
+        lo = [s * seg + j for s in range(16 // seg) for j in range(half)]
+        lo += [16 + i for i in lo]
+        hi = [i + half for i in lo]
+        vs = [builder.fadd(pick(builder, a, b, lo), pick(builder, a, b, hi))
+              for a, b in zip(vs[::2], vs[1::2])]
+        seg = half
+    v, width = vs[0], 16
+    while seg > 1:
+        half = seg // 2
+        lo = [s * seg + j for s in range(width // seg) for j in range(half)]
+        v = builder.fadd(lanes(builder, v, lo), lanes(builder, v, [i + half for i in lo]))
+        seg, width = half, width // 2
+    return v
