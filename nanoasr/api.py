@@ -19,8 +19,9 @@ from nanoasr import backend as backend_mod
 from nanoasr.errors import OptionError
 from nanoasr.model import adaptor, decoder, encoder, generate, prompt
 from nanoasr.model.tokenizer import Tokenizer
-from nanoasr.model.weights import Checkpoint, expected_tensors, load_checkpoint
-from nanoasr.tensor import widen
+from nanoasr.model.checkpoint import Checkpoint
+from nanoasr.model.load import load_checkpoint
+from nanoasr.model.spec import expected_tensors
 from nanoasr.transcript import Segment, Transcript
 
 REFERENCES = ("funasr", "transformers")
@@ -100,19 +101,6 @@ class Timer:
         self.ms[name] = self.ms.get(name, 0.0) + (time.perf_counter() - start) * 1e3
 
 
-def _runtime_weights(checkpoint: Checkpoint, xp) -> dict:
-    """Vectors and kernels widened once to float32; matrices stay in their stored type (on the CPU float32
-    ones too, so that decoding streams them through the same kernels; a GPU gets them as device arrays)."""
-    kinds = {name: kind for name, (_, kind) in expected_tensors(checkpoint.config).items()}
-    out = {}
-    for name, t in checkpoint.tensors.items():
-        if kinds.get(name, "matrix") != "matrix" or (t.dtype == "f32" and xp is not np):
-            out[name] = xp.asarray(widen(t))
-        else:
-            out[name] = t
-    return out
-
-
 class Model:
     def __init__(self, checkpoint: Checkpoint, device: str = "cpu", threads: int | None = None):
         self.checkpoint = checkpoint
@@ -121,7 +109,8 @@ class Model:
         self.threads = threads
         self.tokenizer = Tokenizer(checkpoint.files["tokenizer.json"], self.config.audio_token_id,
                                    checkpoint.source.get("path", "tokenizer.json"))
-        self.weights = _runtime_weights(checkpoint, self.backend.xp)
+        vectors = {name for name, (_, kind) in expected_tensors(self.config).items() if kind != "matrix"}
+        self.weights = self.backend.place(checkpoint.tensors, vectors)
         self._lock = threading.Lock()
 
     @classmethod
@@ -214,7 +203,7 @@ class Model:
         timer = Timer()
         # the prompt's text tokens, counted (and held to their limit) before any audio is read
         text_tokens = len(prompt.prompt_ids(self.tokenizer, 0, **options.prompt_options())[0])
-        with self._lock, self._threads():
+        with self._lock, backend_mod.threads(self.threads):
             with timer.stage("load_audio"):
                 wave = load_audio(audio, sample_rate, max_duration_s=max_duration_s)
             duration = len(wave) / SAMPLE_RATE
@@ -259,22 +248,6 @@ class Model:
         positions = text_tokens + audio_tokens + max(budgets)
         row_bytes = positions * decoder.cache_bytes_per_position(self.config.text)
         return max(1, min(BATCH_SIZE, len(spans), MAX_CACHE_BYTES // row_bytes))
-
-    @contextmanager
-    def _threads(self):
-        if self.threads is None:
-            yield
-            return
-        import numba
-        from threadpoolctl import threadpool_limits
-
-        previous = numba.get_num_threads()
-        numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
-        try:
-            with threadpool_limits(limits=self.threads):
-                yield
-        finally:
-            numba.set_num_threads(previous)
 
 
 def join_texts(texts) -> str:

@@ -19,7 +19,7 @@ HF_CACHE_SNAPSHOT = re.compile(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nanoasr.formats.gguf import TARGETS
+    from nanoasr.convert import TARGETS
 
     parser = argparse.ArgumentParser(prog="nanoasr convert", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -89,8 +89,8 @@ def summary(input_bytes: int, output: Path, rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from nanoasr.formats import gguf
-        from nanoasr.model.weights import load_checkpoint
+        from nanoasr import convert
+        from nanoasr.model.load import load_checkpoint
 
         path, repo, revision = resolve(args.source, args.revision)
         print(f"reading {path}", file=sys.stderr)
@@ -100,14 +100,14 @@ def main(argv: list[str] | None = None) -> int:
         source = {k: v for k, v in recorded.items() if v is not None}
         checkpoint = dataclasses.replace(checkpoint, source=source)
         output = Path(args.output)
-        rows = gguf.write(output, checkpoint, args.target, report=True)
+        rows = convert.write(output, checkpoint, args.target, report=True)
         print(format_table(rows))
         print(summary(sum(t.nbytes for t in checkpoint.tensors.values()), output, rows))
         if args.report:
             Path(args.report).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
         if args.export_qwen3_gguf:
             qwen3 = Path(args.export_qwen3_gguf)
-            gguf.write_qwen3(qwen3, checkpoint, args.target, report=False)
+            convert.write_qwen3(qwen3, checkpoint, args.target, report=False)
             print(f"qwen3 decoder: {qwen3.stat().st_size:,} bytes {qwen3}")
     except NanoasrError as exc:
         print(f"nanoasr convert: error: {exc}", file=sys.stderr)

@@ -15,11 +15,10 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fnmatch import fnmatch
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path, PurePosixPath
 
 from nanoasr.errors import ModelError
+from nanoasr.model.spec import spec
 
 MANIFEST = "nanoasr-package.json"  # written into a local_dir: which package, repo and commit it holds
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[^:@]*)|:(?P<quant>[\w.-]+))*")
@@ -100,19 +99,14 @@ class Target:
 
 # --- packages --------------------------------------------------------------------------------------------
 
-@lru_cache(maxsize=1)
-def _spec() -> dict:
-    return json.loads(resources.files("nanoasr").joinpath("model_specs/fun_asr_nano.json").read_text("utf-8"))
-
-
 def list_packages() -> list[Package]:
     return [Package(p["name"], p.get("description", ""), p["format"], p["repo"], p["revision"],
                     tuple(PackageFile(f["name"], f.get("size"), f.get("sha256")) for f in p["files"]),
-                    p.get("license", "unknown"), p.get("license_url")) for p in _spec()["packages"]]
+                    p.get("license", "unknown"), p.get("license_url")) for p in spec()["packages"]]
 
 
 def default_package() -> Package:
-    return get_package(_spec()["default_package"])
+    return get_package(spec()["default_package"])
 
 
 def get_package(name: str) -> Package:

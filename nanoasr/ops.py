@@ -1,40 +1,30 @@
-"""xp-generic primitives (numpy or cupy, following the input): linear, norms, softmax, RoPE, attention.
+"""xp-generic primitives (numpy or cupy, following the input): linear, norms, softmax, RoPE, FSMN, attention.
 
-Everything computes in float32. `linear` is the one matmul entry point: dense float32 arrays go straight to
-BLAS; weights kept in their stored type go through the fused kernels for a few rows (decode) or are widened,
-one matrix at a time, into a reused buffer for many rows (encoder, prefill).
+Everything computes in float32. Each op is a one-line dispatch to the kernel table of the device that holds
+its input (nanoasr.backend), beside its array-module twin (`*_xp`): the reference the kernels are tested
+against, what the CPU table runs where a kernel's guard does not hold, and what CuPy runs for now.
+`linear` is the one matmul entry point: dense float32 arrays go straight to BLAS; weights kept in their
+stored type go to the table's `stored_matmul`.
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
-from nanoasr.backend import array_module
-from nanoasr.tensor import StoredTensor, widen
+from nanoasr.backend import array_module, kernels_for
+from nanoasr.tensor import StoredTensor
 
 
 def linear(x, w, bias=None, relu=False):  # [..., in] @ W[out, in].T (+ b[out]), then max(., 0) -> [..., out]
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
-    if isinstance(w, StoredTensor):
-        y = _stored_matmul(rows, w)
-    else:
-        y = rows @ w.T
+    kernels = kernels_for(rows)
+    y = kernels.stored_matmul(rows, w) if isinstance(w, StoredTensor) else rows @ w.T
     if bias is not None or relu:
-        y = _add_bias(y, bias, relu)
+        y = kernels.add_bias(y, bias, relu)
     return y.reshape(*lead, y.shape[-1])
 
 
-def _add_bias(y, bias, relu):  # y [n, out] (a fresh product, overwritten) -> y + bias, rectified if relu
-    if bias is not None and array_module(y) is np and y.dtype == np.float32 and y.flags.c_contiguous:
-        from nanoasr.kernels.elementwise import add_bias
-
-        return add_bias(y, bias, relu)  # one pass instead of two and a temporary
-    return add_bias_xp(y, bias, relu)
-
-
-def add_bias_xp(y, bias, relu):  # the array-module twin of the kernel
+def add_bias_xp(y, bias, relu):  # y [n, out] (a fresh product, overwritten) -> y + bias, rectified if relu
     if bias is not None:
         y += bias
     if relu:
@@ -42,44 +32,30 @@ def add_bias_xp(y, bias, relu):  # the array-module twin of the kernel
     return y
 
 
-# Up to this many rows (batched decode, the last prefill position) stream the stored blocks once through
-# the fused kernels; more rows (encoder, prefill) widen the matrix once and use BLAS.
-FUSED_ROWS = 8
-_scratch = threading.local()
+def stored_matmul_xp(rows, w: StoredTensor):  # [n, in] x dense stored W[out, in] -> [n, out]
+    return rows @ widen_xp(w).T
 
 
-def _stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, out]
-    xp = array_module(rows)
-    if xp is not np:
-        return rows @ xp.asarray(widen(w)).T
-    from nanoasr.kernels import cpu
-
-    out_features, in_features = w.shape
-    x = np.ascontiguousarray(rows, dtype=np.float32)
-    if len(x) <= FUSED_ROWS:
-        return cpu.matvec(x, w.data, w.dtype, out_features, in_features,
-                          np.empty((len(x), out_features), np.float32))
-    if w.dtype == "f32":
-        return x @ w.data.T
-    wide = cpu.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))
-    return x @ wide.T
+def widen_xp(t: StoredTensor):  # a dense stored tensor -> float32 of its shape, on the device holding t.data
+    xp = array_module(t.data)
+    if t.dtype == "bf16":  # BF16 is the top half of a float32
+        return (t.data.astype(xp.uint32) << 16).view(xp.float32)
+    if t.dtype in ("f16", "f32"):
+        return t.data.astype(xp.float32, copy=False)
+    raise ValueError(f"the array-module path widens the dense storage types (f32, f16, bf16); got {t.dtype}")
 
 
-def _widen_buffer(rows: int, cols: int) -> np.ndarray:
-    """A float32 [rows, cols] view of this thread's reused buffer (one matrix widened at a time)."""
-    size = rows * cols
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.size < size:
-        buf = _scratch.buf = np.empty(size, np.float32)
-    return buf[:size].reshape(rows, cols)
+def take_rows(t: StoredTensor, ids):  # rows `ids` of a stored [rows, cols] tensor -> float32 [n, cols]
+    return kernels_for(t.data).take_rows(t, ids)
+
+
+def take_rows_xp(t: StoredTensor, ids):  # the array-module twin, for the dense storage types
+    picked = t.data[array_module(t.data).asarray(ids)]
+    return widen_xp(StoredTensor(picked, t.dtype, tuple(picked.shape)))
 
 
 def layer_norm(x, weight, bias, eps):  # [..., d] -> [..., d]
-    if array_module(x) is np:
-        from nanoasr.kernels.elementwise import layer_norm as one_pass
-
-        return one_pass(x, weight, bias, eps)
-    return layer_norm_xp(x, weight, bias, eps)
+    return kernels_for(x).layer_norm(x, weight, bias, eps)
 
 
 def layer_norm_xp(x, weight, bias, eps):  # the array-module twin of the kernel (CuPy runs it)
@@ -91,11 +67,7 @@ def layer_norm_xp(x, weight, bias, eps):  # the array-module twin of the kernel 
 
 
 def rms_norm(x, weight, eps):  # [..., d] -> [..., d]
-    if array_module(x) is np:
-        from nanoasr.kernels.elementwise import rms_norm as one_pass
-
-        return one_pass(x, weight, eps)
-    return rms_norm_xp(x, weight, eps)
+    return kernels_for(x).rms_norm(x, weight, eps)
 
 
 def rms_norm_xp(x, weight, eps):  # the array-module twin of the kernel (CuPy runs it)
@@ -105,11 +77,7 @@ def rms_norm_xp(x, weight, eps):  # the array-module twin of the kernel (CuPy ru
 
 
 def softmax_inplace(x):  # [..., m] overwritten with its softmax over the last axis
-    if array_module(x) is np and x.dtype == np.float32 and x.flags.c_contiguous:
-        from nanoasr.kernels.softmax import softmax_inplace as one_row_at_a_time
-
-        return one_row_at_a_time(x)
-    return softmax_inplace_xp(x)
+    return kernels_for(x).softmax_inplace(x)
 
 
 def softmax_inplace_xp(x):  # the array-module twin of the kernel: no temporaries the size of x
@@ -127,11 +95,7 @@ def mask_inplace(scores, keep):  # scores [..., n, m], keep bool broadcastable t
 
 
 def swiglu(gate, up):  # silu(gate) * up; gate [..., d] is a fresh product and may be overwritten
-    if array_module(gate) is np and gate.dtype == np.float32 and gate.flags.c_contiguous:
-        from nanoasr.kernels.elementwise import swiglu as one_pass
-
-        return one_pass(gate, up)
-    return swiglu_xp(gate, up)
+    return kernels_for(gate).swiglu(gate, up)
 
 
 def swiglu_xp(gate, up):  # the array-module twin of the kernel
@@ -148,11 +112,7 @@ def rope_tables(positions, head_dim: int, theta: float):  # [n] -> cos, sin [n, 
 
 
 def apply_rope(x, cos, sin):  # [..., n, heads, d] with cos/sin [..., n, d] -> same; rotate-half (NeoX) layout
-    if array_module(x) is np and x.dtype == np.float32:
-        from nanoasr.kernels.elementwise import apply_rope as one_pass
-
-        return one_pass(x, cos, sin)
-    return apply_rope_xp(x, cos, sin)
+    return kernels_for(x).apply_rope(x, cos, sin)
 
 
 def apply_rope_xp(x, cos, sin):  # the array-module twin of the kernel
@@ -172,3 +132,41 @@ def attention(q, k, v, mask=None):  # q [..., h, n, d], k/v [..., h, m, d], mask
     if mask is not None:
         mask_inplace(scores, mask[..., None, :, :])
     return softmax_inplace(scores) @ v
+
+
+def self_attention(h, w, prefix, heads, mask):  # [B, T, d_in], mask [B, T] -> attn [B, T, D], v [B, T, D]
+    b, t, _ = h.shape
+    q = linear(h, w[prefix + "q_proj.weight"], w[prefix + "q_proj.bias"])
+    k = linear(h, w[prefix + "k_proj.weight"], w[prefix + "k_proj.bias"])
+    v = linear(h, w[prefix + "v_proj.weight"], w[prefix + "v_proj.bias"])
+    split = lambda x: x.reshape(b, t, heads, -1).transpose(0, 2, 1, 3)  # noqa: E731  [B, H, T, dh]
+    out = attention(split(q), split(k), split(v), mask[:, None, :])  # [B, H, T, dh]
+    return out.transpose(0, 2, 1, 3).reshape(b, t, -1), v
+
+
+def decode_attention(q, keys, values, lengths):  # q [B, kvh, g, hd] (scaled), keys/values [B, kvh, >= m, hd]
+    # (cache views), lengths [B] (host) -> [B, kvh, g, hd]: row b attends to its first lengths[b] positions
+    return kernels_for(q).decode_attention(q, keys, values, lengths)
+
+
+def decode_attention_xp(q, keys, values, lengths):  # the array-module twin of the kernel
+    xp = array_module(q)
+    m = int(lengths.max())
+    scores = q @ xp.swapaxes(keys[:, :, :m], -1, -2)  # [B, kvh, g, m]
+    keep = xp.arange(m) < xp.asarray(lengths)[:, None, None, None]
+    return softmax_inplace_xp(mask_inplace(scores, keep)) @ values[:, :, :m]
+
+
+def fsmn(v, kernel):  # v [B, T, D] (padding zeroed), kernel [D, 1, K] -> [B, T, D]: depthwise conv + v
+    return kernels_for(v).fsmn(v, kernel)
+
+
+def fsmn_xp(v, kernel):  # the array-module twin of the kernel
+    xp = array_module(v)
+    taps = kernel.shape[-1]
+    pad = (taps - 1) // 2
+    padded = xp.pad(v, ((0, 0), (pad, taps - 1 - pad), (0, 0)))
+    out = v.copy()
+    for k in range(taps):  # one vectorised multiply-add per tap
+        out += padded[:, k:k + v.shape[1]] * kernel[:, 0, k]
+    return out

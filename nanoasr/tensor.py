@@ -5,10 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Storage types and, for block-quantized ones, (elements per block, bytes per block) as in GGUF.
-BLOCK_TYPES = {"q8_0": (32, 34), "q4_k": (256, 144), "q6_k": (256, 210)}
-DENSE_TYPES = ("f32", "f16", "bf16")
-STORAGE_TYPES = DENSE_TYPES + tuple(BLOCK_TYPES)
+from nanoasr.quant.reference import dequantize
+from nanoasr.storage import BLOCK_TYPES, bf16_to_f32
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,11 +30,6 @@ class StoredTensor:
         return widen(self)
 
 
-def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    """BF16 is the top half of an IEEE float32: shift the 16 bits into place."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
 def widen(t: StoredTensor) -> np.ndarray:
     if t.dtype == "f32":
         return np.ascontiguousarray(t.data, dtype=np.float32)
@@ -44,8 +37,6 @@ def widen(t: StoredTensor) -> np.ndarray:
         return t.data.astype(np.float32)
     if t.dtype == "bf16":
         return bf16_to_f32(t.data)
-    from nanoasr.quant.reference import dequantize
-
     return dequantize(t.data, t.dtype, t.shape)
 
 

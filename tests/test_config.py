@@ -6,7 +6,7 @@ import pytest
 
 from nanoasr.errors import ModelError
 from nanoasr.model import config as cm
-from nanoasr.model.weights import load_config
+from nanoasr.model.load import load_config
 
 NESTED = {
     "audio_config": {"hidden_size": 512, "num_attention_heads": 4, "intermediate_size": 2048,

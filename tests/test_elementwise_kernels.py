@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from nanoasr.kernels import elementwise as kernels
-from nanoasr.model.encoder import fsmn_xp
-from nanoasr.ops import add_bias_xp, apply_rope_xp, layer_norm_xp, rms_norm_xp, rope_tables, swiglu_xp
+from nanoasr.ops import (add_bias_xp, apply_rope_xp, fsmn_xp, layer_norm_xp, rms_norm_xp, rope_tables,
+                         swiglu_xp)
 
 
 @pytest.mark.parametrize("shape", [(1, 7, 512), (2, 33, 560), (3, 1024)])

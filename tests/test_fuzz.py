@@ -13,10 +13,10 @@ from gguf import GGUFReader
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nanoasr import convert
 from nanoasr.api import Model
 from nanoasr.errors import NanoasrError
-from nanoasr.formats import gguf
-from nanoasr.model.weights import load_checkpoint
+from nanoasr.model.load import load_checkpoint
 
 AUDIO_EXAMPLES, CHECKPOINT_EXAMPLES = 60, 25
 SECONDS_PER_EXAMPLE = 60  # a hang, not a slow example, is what this bound catches
@@ -156,7 +156,7 @@ def test_mutated_safetensors(tiny_dir, tmp_path_factory, wave_bytes):
 
 def test_mutated_gguf(tiny_dir, tmp_path_factory, wave_bytes):
     path = tmp_path_factory.mktemp("seed") / "tiny-f16.gguf"
-    gguf.write(path, load_checkpoint(tiny_dir), "f16", report=False, progress=None)
+    convert.write(path, load_checkpoint(tiny_dir), "f16", report=False, progress=None)
     seed = path.read_bytes()
     hot = GGUFReader(path).data_offset
 

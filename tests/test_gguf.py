@@ -13,10 +13,14 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from nanoasr import convert
 from nanoasr.errors import ModelError
-from nanoasr.formats import gguf as ours
+from nanoasr.formats.gguf_read import read_header
+from nanoasr.formats.gguf_vocab import tokenizer_from_vocab, vocab_arrays
+from nanoasr.model.checkpoint import Checkpoint
 from nanoasr.model.config import AdaptorConfig, AudioConfig, Config, TextConfig
-from nanoasr.model.weights import Checkpoint, expected_tensors
+from nanoasr.model.gguf_schema import load_gguf
+from nanoasr.model.spec import expected_tensors
 from nanoasr.quant import quantize
 from nanoasr.tensor import StoredTensor
 
@@ -95,7 +99,7 @@ def written(checkpoint, tmp_path_factory):
     def get(target):
         if target not in out:
             path = directory / f"tiny-{target}.gguf"
-            out[target] = (path, ours.write(path, checkpoint, target, report=True, progress=None))
+            out[target] = (path, convert.write(path, checkpoint, target, report=True, progress=None))
         return out[target]
     return get
 
@@ -107,7 +111,7 @@ def kinds(config):
 def test_dense_round_trip_keeps_config_files_names_and_values(checkpoint, written):
     for target in ("f32", "f16", "bf16"):
         path, rows = written(target)
-        back = ours.read(path)
+        back = load_gguf(path)
         assert back.config == checkpoint.config
         assert back.files == checkpoint.files
         assert list(back.tensors) == list(checkpoint.tensors)
@@ -126,7 +130,7 @@ def test_dense_round_trip_keeps_config_files_names_and_values(checkpoint, writte
 
 
 def test_read_keeps_tensors_as_views_of_a_read_only_map(written):
-    back = ours.read(written("f16")[0])
+    back = load_gguf(written("f16")[0])
     for t in back.tensors.values():
         base = t.data
         while base is not None and not isinstance(base, np.memmap):
@@ -159,7 +163,7 @@ def test_schema_as_the_gguf_package_reads_it(checkpoint, written):
 
 def test_vocabulary_arrays_rebuild_the_same_tokenizer(checkpoint, written):
     value = {k: f.contents() for k, f in GGUFReader(written("f32")[0]).fields.items()}
-    rebuilt = Tokenizer.from_str(ours.tokenizer_from_vocab(
+    rebuilt = Tokenizer.from_str(tokenizer_from_vocab(
         value["tokenizer.ggml.tokens"], value["tokenizer.ggml.token_type"], value["tokenizer.ggml.merges"]))
     original = Tokenizer.from_str(checkpoint.files["tokenizer.json"])
     for text in TEXTS:
@@ -170,7 +174,7 @@ def test_quantized_round_trip_matches_the_gguf_dequantizers(checkpoint, written)
     n_layers = checkpoint.config.text.num_hidden_layers
     for target, bound in (("q8_0", 0.01), ("q4_k_m", 0.1)):
         path, rows = written(target)
-        back = ours.read(path)
+        back = load_gguf(path)
         assert back.config == checkpoint.config and back.files == checkpoint.files
         raw = {t.name: t for t in GGUFReader(path).tensors}
         report = {r["name"]: r for r in rows}
@@ -210,10 +214,10 @@ class Q8Quantizer:
 
 
 def test_block_types_are_written_and_read_as_gguf_blocks(checkpoint, tmp_path, monkeypatch):
-    monkeypatch.setattr(ours, "_quantizer", lambda: Q8Quantizer)
+    monkeypatch.setattr(convert, "quantize", Q8Quantizer)
     path = tmp_path / "q8.gguf"
-    rows = ours.write(path, checkpoint, "q8_0", report=True, progress=None)
-    back = ours.read(path)
+    rows = convert.write(path, checkpoint, "q8_0", report=True, progress=None)
+    back = load_gguf(path)
     raw = {t.name: t for t in GGUFReader(path).tensors}
     matrices = [n for n in checkpoint.tensors if kinds(checkpoint.config).get(n, "matrix") == "matrix"]
     assert {back.tensors[n].dtype for n in matrices} == {"q8_0", "f16"}  # 560-wide rows fall back
@@ -252,11 +256,11 @@ def widened(checkpoint):
 
 
 def test_layout_without_nanoasr_keys_loads_with_the_assumed_fields_listed(checkpoint, tmp_path):
-    vocab = ours.vocab_arrays(checkpoint.files, checkpoint.config.text.vocab_size, "test")
+    vocab = vocab_arrays(checkpoint.files, checkpoint.config.text.vocab_size, "test")
     path = tmp_path / "other.gguf"
     write_layout(path, widened(checkpoint), vocab=vocab)
     with pytest.warns(UserWarning, match="assumed") as caught:
-        back = ours.read(path)
+        back = load_gguf(path)
     message = str(caught[0].message)
     for field in ("adaptor.num_attention_heads=8", "text.rope_theta=1000000.0", "audio.layer_norm_eps=1e-05",
                   "text.rms_norm_eps=1e-06", "audio.num_mel_bins=80"):
@@ -277,7 +281,7 @@ def test_layout_with_an_embedded_config_reads_it(checkpoint, tmp_path):
     path = tmp_path / "embedded.gguf"
     write_layout(path, widened(checkpoint),
                  extra=[("other.config", embedded), ("other.tokenizer", checkpoint.files["tokenizer.json"])])
-    back = ours.read(path)
+    back = load_gguf(path)
     assert back.config == checkpoint.config and back.files["config.json"] == embedded
 
 
@@ -285,7 +289,7 @@ def test_layout_without_any_tokenizer_is_refused(checkpoint, tmp_path):
     path = tmp_path / "notok.gguf"
     write_layout(path, widened(checkpoint))
     with pytest.raises(ModelError, match="no tokenizer"):
-        ours.read(path)
+        load_gguf(path)
 
 
 def test_a_quantized_norm_or_an_unsupported_type_is_refused(checkpoint, tmp_path):
@@ -294,10 +298,10 @@ def test_a_quantized_norm_or_an_unsupported_type_is_refused(checkpoint, tmp_path
     path = tmp_path / "qnorm.gguf"
     write_layout(path, dict(widened(checkpoint), **{norm: data}), types={norm: GGMLQuantizationType.Q8_0})
     with pytest.raises(ModelError, match=f"{norm}.*q8_0"):
-        ours.read(path)
+        load_gguf(path)
     write_layout(path, dict(widened(checkpoint), **{norm: np.zeros(256, np.int32)}))
     with pytest.raises(ModelError, match=f"{norm}: type I32 is not supported"):
-        ours.read(path)
+        load_gguf(path)
 
 
 def patched(path: Path, old: bytes, new: bytes, tmp_path: Path) -> Path:
@@ -315,10 +319,10 @@ def test_wrong_shape_and_missing_keys_name_what_is_wrong(written, tmp_path):
     swapped = patched(path, struct.pack("<Q", len(name)) + name + dims,
                       struct.pack("<Q", len(name)) + name + struct.pack("<IQQ", 2, 64, 128), tmp_path)
     with pytest.raises(ModelError, match=r"fc2.weight: expected shape \[64, 128\], found \[128, 64\]"):
-        ours.read(swapped)
+        load_gguf(swapped)
     missing = patched(path, b"fun_asr_nano.text.rope_theta", b"fun_asr_nano.text.rope_thetX", tmp_path)
     with pytest.raises(ModelError, match="missing: fun_asr_nano.text.rope_theta"):
-        ours.read(missing)
+        load_gguf(missing)
 
 
 def test_bad_magic_version_and_truncation(written, tmp_path):
@@ -330,7 +334,7 @@ def test_bad_magic_version_and_truncation(written, tmp_path):
         path = tmp_path / f"{case}.gguf"
         path.write_bytes(content)
         with pytest.raises(ModelError, match=messages.get(case, "truncated")) as err:
-            ours.read(path)
+            load_gguf(path)
         assert str(path) in str(err.value)
 
 
@@ -367,7 +371,7 @@ def test_absurd_counts_fail_fast_without_allocating(tmp_path, content, message):
     path = tmp_path / "absurd.gguf"
     path.write_bytes(content)
     with pytest.raises(ModelError, match=message):
-        ours.read(path)
+        load_gguf(path)
 
 
 def test_duplicate_keys_are_refused(tmp_path):
@@ -375,7 +379,7 @@ def test_duplicate_keys_are_refused(tmp_path):
     path = tmp_path / "dup.gguf"
     path.write_bytes(header(n_kv=2) + kv + kv)
     with pytest.raises(ModelError, match="key k appears twice"):
-        ours.read(path)
+        load_gguf(path)
 
 
 def test_header_reader_agrees_with_gguf_reader(written, tmp_path):
@@ -395,7 +399,7 @@ def test_header_reader_agrees_with_gguf_reader(written, tmp_path):
             w.write_tensors_to_file()
             w.close()
         reference = GGUFReader(path)
-        got = ours.read_header(path)
+        got = read_header(path)
         fields = reference.fields.items()
         assert got.values == {k: f.contents() for k, f in fields if not k.startswith("GGUF.")}
         assert [(t.name, t.shape, t.ggml_type, t.start, t.nbytes) for t in got.tensors] == [
@@ -405,7 +409,7 @@ def test_header_reader_agrees_with_gguf_reader(written, tmp_path):
 
 def test_qwen3_export_has_the_llama_cpp_names_and_hparams(checkpoint, tmp_path):
     path = tmp_path / "qwen3.gguf"
-    ours.write_qwen3(path, checkpoint, "f32", report=False, progress=None)
+    convert.write_qwen3(path, checkpoint, "f32", report=False, progress=None)
     reader = GGUFReader(path)
     value = {k: f.contents() for k, f in reader.fields.items()}
     t = checkpoint.config.text
@@ -443,7 +447,7 @@ def test_convert_command_writes_the_file_report_table_and_summary(checkpoint, tm
     assert sorted(r["name"] for r in rows) == sorted(checkpoint.tensors)
     assert {r["type"] for r in rows} == {"F16", "F32"}
     assert "rel_rms" in printed.out and "tensor types:  F16" in printed.out and "x input" in printed.out
-    back = ours.read(out)
+    back = load_gguf(out)
     assert back.source["repo"] == "example/tiny" and back.source["revision"] == "abc"
     assert GGUFReader(qwen3).fields["general.architecture"].contents() == "qwen3"
     assert main([str(tmp_path / "missing"), "--output", str(out)]) == 1
@@ -451,7 +455,7 @@ def test_convert_command_writes_the_file_report_table_and_summary(checkpoint, tm
 
 
 def fixture_checkpoint(tmp_path):
-    from nanoasr.model.weights import load_checkpoint
+    from nanoasr.model.load import load_checkpoint
 
     for f in FIXTURE.iterdir():
         if f.name == "tokenizer.json.gz":
@@ -461,12 +465,12 @@ def fixture_checkpoint(tmp_path):
     return load_checkpoint(tmp_path)
 
 
-@pytest.mark.parametrize("target", ours.TARGETS)
+@pytest.mark.parametrize("target", convert.TARGETS)
 def test_committed_fixture_round_trip(tmp_path, target):
     source = fixture_checkpoint(tmp_path)
     path = tmp_path / f"fixture-{target}.gguf"
-    rows = ours.write(path, source, target, report=True, progress=None)
-    back = ours.read(path)
+    rows = convert.write(path, source, target, report=True, progress=None)
+    back = load_gguf(path)
     assert back.config == source.config and back.files == source.files
     assert list(back.tensors) == list(source.tensors)
     for row in rows:

@@ -8,11 +8,13 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from nanoasr import convert
 from nanoasr.api import Model
-from nanoasr.formats import gguf
 from nanoasr.model import generate
-from nanoasr.model.weights import Checkpoint, load_checkpoint
-from nanoasr.tensor import bf16_to_f32, dense
+from nanoasr.model.checkpoint import Checkpoint
+from nanoasr.model.load import load_checkpoint
+from nanoasr.storage import bf16_to_f32
+from nanoasr.tensor import dense
 from tools.synth import speech_like
 
 TARGETS = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
@@ -42,7 +44,7 @@ def check_types(source_dir, tmp_path, targets, seconds, tokens):
     source = load_checkpoint(source_dir)
     for target in targets:
         path = tmp_path / f"model-{target}.gguf"
-        gguf.write(path, source, target, report=False, progress=None)
+        convert.write(path, source, target, report=False, progress=None)
         stored = Model.load(str(path))
         kinds = {t.dtype for t in stored.checkpoint.tensors.values()}
         reference = Model(widened_by_gguf(stored.checkpoint))

@@ -13,9 +13,12 @@ import soundfile
 from gguf import GGUFValueType
 from gguf.quants import dequantize as gguf_dequantize
 
+from nanoasr import convert
 from nanoasr.errors import ModelError
-from nanoasr.formats import gguf as ours
-from nanoasr.model.weights import load_checkpoint
+from nanoasr.formats.gguf_read import read_header
+from nanoasr.formats.gguf_vocab import vocab_arrays
+from nanoasr.model.gguf_schema import load_gguf
+from nanoasr.model.load import load_checkpoint
 from test_gguf import Q8Quantizer, random_checkpoint
 from tools.synth import speech_like
 
@@ -461,14 +464,14 @@ def small_checkpoint():
 
 def gguf_with(small_checkpoint, tmp_path, monkeypatch, key, value, vtype):
     """A nanoasr GGUF of the small checkpoint whose metadata `key` is replaced by `value` of type `vtype`."""
-    add_keys = ours._add_nanoasr_keys
+    add_keys = convert._add_nanoasr_keys
 
     def add_then_replace(w, checkpoint):
         add_keys(w, checkpoint)
         w.add_key_value(key, value, vtype)
-    monkeypatch.setattr(ours, "_add_nanoasr_keys", add_then_replace)
+    monkeypatch.setattr(convert, "_add_nanoasr_keys", add_then_replace)
     path = tmp_path / "bad.gguf"
-    ours.write(path, small_checkpoint, "f32", report=False, progress=None)
+    convert.write(path, small_checkpoint, "f32", report=False, progress=None)
     monkeypatch.undo()
     return path
 
@@ -504,15 +507,15 @@ def test_gguf_metadata_of_the_wrong_kind_or_range(small_checkpoint, tmp_path, mo
                                                   message):
     path = gguf_with(small_checkpoint, tmp_path, monkeypatch, key, value, vtype)
     with pytest.raises(ModelError, match=message) as err:
-        ours.read(path)
+        load_gguf(path)
     assert str(path) in str(err.value)
 
 
 def quantized_gguf(small_checkpoint, tmp_path, monkeypatch, target):
     if target == "q8_0":
-        monkeypatch.setattr(ours, "_quantizer", lambda: Q8Quantizer)
+        monkeypatch.setattr(convert, "quantize", Q8Quantizer)
     path = tmp_path / f"{target}.gguf"
-    ours.write(path, small_checkpoint, target, report=False, progress=None)
+    convert.write(path, small_checkpoint, target, report=False, progress=None)
     return path
 
 
@@ -524,7 +527,7 @@ def quantized_gguf(small_checkpoint, tmp_path, monkeypatch, target):
 ])
 def test_nan_block_scale_is_refused_at_load(small_checkpoint, tmp_path, monkeypatch, target, dtype, offset):
     path = quantized_gguf(small_checkpoint, tmp_path, monkeypatch, target)
-    info = next(t for t in ours.read_header(path).tensors if t.ggml_type.name == dtype)
+    info = next(t for t in read_header(path).tensors if t.ggml_type.name == dtype)
     blob = bytearray(path.read_bytes())
     block_bytes = {"Q8_0": 34, "Q4_K": 144, "Q6_K": 210}[dtype]
     at = info.start + 5 * block_bytes + offset  # the sixth block's scale
@@ -534,19 +537,19 @@ def test_nan_block_scale_is_refused_at_load(small_checkpoint, tmp_path, monkeypa
     block = data.reshape(info.shape[0], -1)
     assert np.isnan(gguf_dequantize(block, info.ggml_type)).any()  # the bytes patched are a scale
     with pytest.raises(ModelError, match=rf"{path}: tensor {info.name}: expected finite block scales"):
-        ours.read(path)
+        load_gguf(path)
 
 
 def test_nan_in_an_f32_vector_of_a_gguf_is_refused_at_load(small_checkpoint, tmp_path):
     path = tmp_path / "f16.gguf"
-    ours.write(path, small_checkpoint, "f16", report=False, progress=None)
+    convert.write(path, small_checkpoint, "f16", report=False, progress=None)
     bias = "model.multi_modal_projector.linear_2.bias"
-    info = next(t for t in ours.read_header(path).tensors if t.name == bias)
+    info = next(t for t in read_header(path).tensors if t.name == bias)
     blob = bytearray(path.read_bytes())
     blob[info.start + 8:info.start + 12] = struct.pack("<f", math.inf)
     path.write_bytes(blob)
     with pytest.raises(ModelError, match=f"{path}: tensor {info.name}: expected finite values"):
-        ours.read(path)
+        load_gguf(path)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
@@ -570,7 +573,7 @@ def test_nonfinite_scan_finds_every_position_across_chunks(monkeypatch, dtype):
 def test_gguf_vocabulary_arrays_of_the_wrong_kind(small_checkpoint, tmp_path):
     from gguf import GGUFWriter
 
-    vocab = ours.vocab_arrays(small_checkpoint.files, small_checkpoint.config.text.vocab_size, "test")
+    vocab = vocab_arrays(small_checkpoint.files, small_checkpoint.config.text.vocab_size, "test")
     cases = [("tokenizer.ggml.tokens", list(range(len(vocab["tokens"]))), GGUFValueType.INT32,
               r"tokenizer\.ggml\.tokens must be an array of str"),
              ("tokenizer.ggml.token_type", vocab["types"][:-1], GGUFValueType.INT32,
@@ -591,5 +594,5 @@ def test_gguf_vocabulary_arrays_of_the_wrong_kind(small_checkpoint, tmp_path):
         w.write_tensors_to_file()
         w.close()
         with pytest.raises(ModelError, match=message) as err:
-            ours.read(path)
+            load_gguf(path)
         assert str(path) in str(err.value)

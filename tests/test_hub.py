@@ -160,7 +160,7 @@ def hf_env(fake_hub, tmp_path, monkeypatch):
                         "HF_TOKEN_PATH": str(home / "token"), "HF_STORED_TOKENS_PATH": str(home / "tokens")
                         }.items():
         monkeypatch.setattr(constants, name, value, raising=False)
-    monkeypatch.setattr(hub, "_spec", lambda: SPEC)
+    monkeypatch.setattr(hub, "spec", lambda: SPEC)
     return home
 
 
@@ -216,7 +216,7 @@ def test_download_verifies_cached_files_again(hf_env, fake_hub):
 def test_size_mismatch_is_reported(hf_env, fake_hub, monkeypatch):
     spec = json.loads(json.dumps(SPEC))
     spec["packages"][1]["files"][0].update(size=7, sha256=None)
-    monkeypatch.setattr(hub, "_spec", lambda: spec)
+    monkeypatch.setattr(hub, "spec", lambda: spec)
     with pytest.raises(ModelError, match=f"size mismatch: expected 7 bytes, got {len(GGUF_OLD)} bytes"):
         hub.resolve("q8", progress=False)
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import nanoasr
 from nanoasr.errors import ModelError
 from nanoasr.formats import torch_zip
-from nanoasr.model.weights import load_checkpoint
+from nanoasr.model.load import load_checkpoint
 
 from engine_parity import cases
 from tools.reference import funasr_checkpoint

@@ -12,7 +12,7 @@ from hypothesis.extra import numpy as hnp
 
 from nanoasr.quant.quantize import error_report, quantize, storage_type
 from nanoasr.quant.reference import dequantize
-from nanoasr.tensor import BLOCK_TYPES
+from nanoasr.storage import BLOCK_TYPES
 
 F32 = np.float32
 SCALE_FIELDS = {"q8_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}  # byte offsets of each block's f16 scales

@@ -9,8 +9,11 @@ from safetensors.numpy import load_file, save_file
 from nanoasr.errors import ModelError
 from nanoasr.formats import safetensors as st
 from nanoasr.model import config as cm
-from nanoasr.model.weights import expected_tensors, to_logical, validate
-from nanoasr.tensor import StoredTensor, bf16_to_f32, dense
+from nanoasr.model.checkpoint import validate
+from nanoasr.model.layouts import to_logical
+from nanoasr.model.spec import expected_tensors
+from nanoasr.storage import bf16_to_f32
+from nanoasr.tensor import StoredTensor, dense
 
 SMALL = cm.Config(
     audio=cm.AudioConfig(hidden_size=8, num_attention_heads=2, intermediate_size=16, num_hidden_layers=5,
@@ -189,7 +192,7 @@ def broken_copy(tiny_dir, tmp_path):
 
 
 def test_a_broken_checkpoint_directory_gives_one_clear_error_each(tiny_dir, tmp_path):
-    from nanoasr.model.weights import load_checkpoint
+    from nanoasr.model.load import load_checkpoint
 
     d = broken_copy(tiny_dir, tmp_path)
     (d / "tokenizer.json").unlink()

@@ -36,6 +36,7 @@ def peak_rss_mb() -> float:
 def child_nanoasr(args) -> dict:
     import numpy as np
 
+    from nanoasr import backend
     from nanoasr.api import Model
     from nanoasr.model import decoder
     from tools.synth import speech_like
@@ -67,7 +68,7 @@ def child_nanoasr(args) -> dict:
                 hidden = decoder.forward(x, model.weights, cfg, cache, slice(0, batch),
                                          cache.lengths[:batch].copy())
                 decoder.logits(hidden, model.weights).argmax(axis=-1)
-            with model._threads():
+            with backend.threads(model.threads):
                 step()
                 ms = median_ms(step, 12)
             out[f"step_ms_ctx{context}_b{batch}"] = ms
@@ -96,6 +97,7 @@ def stage_times(model, threads: int) -> dict:
     import numpy as np
     from threadpoolctl import threadpool_limits
 
+    from nanoasr import backend
     from nanoasr.model import decoder
     from tools.synth import speech_like
 
@@ -104,7 +106,7 @@ def stage_times(model, threads: int) -> dict:
     with threadpool_limits(limits=1):
         model.features([minute], "funasr")
         out["frontend_60s_1thread_ms"] = median_ms(lambda: model.features([minute], "funasr"), 3)
-    with model._threads():
+    with backend.threads(model.threads):
         feats, mask = model.features([minute[:30 * 16000]], "funasr")
         audio = lambda: model.adapt(model.encode(feats, mask), mask, "funasr")  # noqa: E731
         audio()

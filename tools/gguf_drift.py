@@ -27,6 +27,7 @@ STEPS, SECONDS = 64, 10
 def child(model_path: str, out_prefix: str, forced: str | None) -> dict:
     import numpy as np
 
+    from nanoasr import backend
     from nanoasr.api import Model
     from tools.synth import speech_like
     from tests.engine_parity import stage_outputs, teacher_forced_logits
@@ -34,7 +35,7 @@ def child(model_path: str, out_prefix: str, forced: str | None) -> dict:
     start = time.perf_counter()
     model = Model.load(model_path, threads=2)
     load_s = time.perf_counter() - start
-    with model._threads():
+    with backend.threads(model.threads):
         ours = stage_outputs(model, speech_like(SECONDS, 3), "funasr", {})
         if forced is None:  # the BF16 path chooses the ids everyone is forced along
             from nanoasr.model import generate
@@ -66,8 +67,8 @@ def main() -> int:
         return 0
     import numpy as np
 
-    from nanoasr.formats import gguf
-    from nanoasr.model.weights import load_checkpoint
+    from nanoasr import convert
+    from nanoasr.model.load import load_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint")
@@ -84,7 +85,7 @@ def main() -> int:
     for target in TYPES:
         path = work / f"model-{target}.gguf"
         if not path.exists():
-            gguf.write(path, load_checkpoint(source), target, report=False, progress=None)
+            convert.write(path, load_checkpoint(source), target, report=False, progress=None)
         result = run_child(path, work / target, work / "bf16.ids.npy")
         prefill = np.load(work / f"{target}.prefill.npy")
         top1 = np.load(work / f"{target}.top1.npy")

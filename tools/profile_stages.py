@@ -26,9 +26,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from nanoasr import ops  # noqa: E402
+from nanoasr import backend  # noqa: E402
 from nanoasr.api import Model  # noqa: E402
-from nanoasr.kernels import attention  # noqa: E402
 from nanoasr.model import decoder  # noqa: E402
 from tools.synth import speech_like  # noqa: E402
 
@@ -59,7 +58,7 @@ def main() -> int:
     model = Model.load(args.model, threads=args.threads)
     cfg, w = model.config.text, model.weights
     rng = np.random.default_rng(0)
-    with model._threads():
+    with backend.threads(model.threads):
         feats, mask = model.features([speech_like(30, seed=3)], "funasr")
         profiled("encoder + adaptor, 30 s", lambda: model.adapt(model.encode(feats, mask), mask, "funasr"),
                  args.top)
@@ -83,14 +82,15 @@ def main() -> int:
         profiled(f"{args.steps} decode steps after 196 positions",
                  lambda: [step() for _ in range(args.steps)], args.top)
         print(f"\ndecode step: {warm_median_ms(step):.1f} ms", end="")
-        products, attend = ops._stored_matmul, attention.decode_attention
+        kernels = model.backend.kernels
+        products, attend = kernels.stored_matmul, kernels.decode_attention
         zeros = {}
-        ops._stored_matmul = lambda rows, t: zeros.setdefault((len(rows), t.shape[0]),
-                                                              np.zeros((len(rows), t.shape[0]), np.float32))
+        kernels.stored_matmul = lambda rows, t: zeros.setdefault(
+            (len(rows), t.shape[0]), np.zeros((len(rows), t.shape[0]), np.float32))
         print(f"; without the weight products {warm_median_ms(step):.1f} ms", end="")
-        attention.decode_attention = lambda q, keys, values, lengths: q
+        kernels.decode_attention = lambda q, keys, values, lengths: q
         print(f"; and without attention {warm_median_ms(step):.1f} ms")
-        ops._stored_matmul, attention.decode_attention = products, attend
+        kernels.stored_matmul, kernels.decode_attention = products, attend
     return 0
 
 

@@ -34,8 +34,8 @@ def main() -> int:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    from nanoasr.formats import gguf
-    from nanoasr.model.weights import load_checkpoint
+    from nanoasr.convert import write_qwen3
+    from nanoasr.model.load import load_checkpoint
     from nanoasr.quant.quantize import quantize
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -48,7 +48,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     f32, q4 = work / "decoder-f32.gguf", work / "decoder-q4_k_m-llama.gguf"
     if not f32.exists():
-        gguf.write_qwen3(f32, load_checkpoint(args.checkpoint), "f32", report=False, progress=None)
+        write_qwen3(f32, load_checkpoint(args.checkpoint), "f32", report=False, progress=None)
     if not q4.exists():
         subprocess.run([args.llama_python, "-c", QUANTIZE, str(f32), str(q4)], check=True)
     source = {t.name: t for t in GGUFReader(f32).tensors}

@@ -1,1 +1,5 @@
-"""File formats: safetensors (memory-mapped reader) and GGUF (nanoasr's schema: read, write, convert)."""
+"""File formats: safetensors, torch.save zips and GGUF (reader, writer, vocabulary).
+
+numpy, the gguf package and tokenizers over nanoasr.tensor; never nanoasr.model: what the tensors and keys
+mean is the model layer's business.
+"""

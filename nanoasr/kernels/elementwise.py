@@ -2,7 +2,7 @@
 convolution, a linear layer's bias (with its ReLU), SwiGLU's silu(gate) * up, and rotate-half RoPE.
 
 Their numpy twins are `nanoasr.ops.layer_norm_xp`, `rms_norm_xp`, `add_bias_xp`, `swiglu_xp`,
-`apply_rope_xp` and `nanoasr.model.encoder.fsmn_xp`, which make a pass over the activations (and a
+`apply_rope_xp` and `nanoasr.ops.fsmn_xp`, which make a pass over the activations (and a
 temporary) per operation or per tap; these make one, and in decoding, where a row is short, they also save
 numpy's per-call overhead.
 They stay serial: they run between BLAS GEMMs, and a numba parallel region there leaves its threads spinning

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from nanoasr.model.config import AdaptorConfig
-from nanoasr.model.encoder import self_attention
-from nanoasr.ops import layer_norm, linear
+from nanoasr.ops import layer_norm, linear, self_attention
 
 P = "model.multi_modal_projector."
 

@@ -93,6 +93,9 @@ class Config:
         return dataclasses.asdict(self)
 
 
+SECTIONS = (("audio", AudioConfig), ("adaptor", AdaptorConfig), ("text", TextConfig))  # Config's parts
+
+
 def _number(value, where: str, key: str) -> float:
     """A JSON/GGUF number as float; bools and non-numbers are errors, huge integers become inf."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

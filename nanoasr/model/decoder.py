@@ -11,8 +11,9 @@ import numpy as np
 
 from nanoasr.backend import array_module
 from nanoasr.model.config import TextConfig
-from nanoasr.ops import apply_rope, linear, mask_inplace, rms_norm, rope_tables, softmax_inplace, swiglu
-from nanoasr.tensor import StoredTensor, take_rows
+from nanoasr.ops import (apply_rope, decode_attention, linear, mask_inplace, rms_norm, rope_tables,
+                         softmax_inplace, swiglu, take_rows)
+from nanoasr.tensor import StoredTensor
 
 P = "model.language_model."
 EMBED = P + "embed_tokens.weight"
@@ -60,7 +61,7 @@ def cache_bytes_per_position(cfg: TextConfig) -> int:
 def embed(ids, w):  # [n] token ids -> [n, H]
     table = w[EMBED]
     if isinstance(table, StoredTensor):
-        return array_module(w[P + "norm.weight"]).asarray(take_rows(table, ids))
+        return take_rows(table, ids)
     return table[array_module(table).asarray(ids)]
 
 
@@ -120,7 +121,6 @@ def _attend_block(q, keys, values, keep):  # q [B, h, g, c, hd], keys/values [B,
 
 
 def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, rope, positions):  # [B, n, H]
-    xp = array_module(x)
     p = f"{P}layers.{i}."
     b, n, _ = x.shape
     kvh, hd = cfg.num_key_value_heads, cfg.head_dim
@@ -132,9 +132,7 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
     q = apply_rope(rms_norm(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps), *rope)
     k = apply_rope(rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps), *rope)
     _write_cache(cache, i, rows, start, k, v)
-    if n == 1 and xp is np:  # decode: one new position per row, straight over the cache
-        from nanoasr.kernels.attention import decode_attention
-
+    if n == 1:  # decode: one new position per row, straight over the cache
         q = (q * np.float32(hd ** -0.5)).reshape(b, kvh, group, hd)
         attn = decode_attention(q, cache.k[i, rows], cache.v[i, rows], start + 1).reshape(b, 1, -1)
     else:

@@ -9,7 +9,7 @@ import numpy as np
 
 from nanoasr.backend import array_module
 from nanoasr.model.config import AudioConfig
-from nanoasr.ops import attention, layer_norm, linear
+from nanoasr.ops import fsmn, layer_norm, linear, self_attention
 
 
 def sinusoid_positions(n: int, depth: int, xp=np):  # -> [n, depth], positions 1..n, [sin | cos]
@@ -17,35 +17,6 @@ def sinusoid_positions(n: int, depth: int, xp=np):  # -> [n, depth], positions 1
     inv = np.exp(-np.log(10000.0) / (half - 1) * np.arange(half, dtype=np.float32)).astype(np.float32)
     angles = np.arange(1, n + 1, dtype=np.float32)[:, None] * inv[None, :]
     return xp.asarray(np.concatenate([np.sin(angles), np.cos(angles)], axis=1))
-
-
-def fsmn(v, kernel):  # v [B, T, D] (padding zeroed), kernel [D, 1, K] -> [B, T, D]: depthwise conv + v
-    if array_module(v) is np:
-        from nanoasr.kernels.elementwise import fsmn as one_pass
-
-        return one_pass(v, kernel)
-    return fsmn_xp(v, kernel)
-
-
-def fsmn_xp(v, kernel):  # the array-module twin of the kernel (CuPy runs it)
-    xp = array_module(v)
-    taps = kernel.shape[-1]
-    pad = (taps - 1) // 2
-    padded = xp.pad(v, ((0, 0), (pad, taps - 1 - pad), (0, 0)))
-    out = v.copy()
-    for k in range(taps):  # one vectorised multiply-add per tap
-        out += padded[:, k:k + v.shape[1]] * kernel[:, 0, k]
-    return out
-
-
-def self_attention(h, w, prefix, heads, mask):  # [B, T, d_in] -> attn [B, T, D], v [B, T, D]
-    b, t, _ = h.shape
-    q = linear(h, w[prefix + "q_proj.weight"], w[prefix + "q_proj.bias"])
-    k = linear(h, w[prefix + "k_proj.weight"], w[prefix + "k_proj.bias"])
-    v = linear(h, w[prefix + "v_proj.weight"], w[prefix + "v_proj.bias"])
-    split = lambda x: x.reshape(b, t, heads, -1).transpose(0, 2, 1, 3)  # noqa: E731  [B, H, T, dh]
-    out = attention(split(q), split(k), split(v), mask[:, None, :])  # [B, H, T, dh]
-    return out.transpose(0, 2, 1, 3).reshape(b, t, -1), v
 
 
 def encoder_block(x, w, i, cfg: AudioConfig, mask):  # [B, T, d_in] -> [B, T, D]

@@ -96,6 +96,14 @@ def _finish(ids: list[int], budget: int, stop_ids, ignore_stop: bool) -> Generat
     return None
 
 
+def _prefill(e, w, cfg: TextConfig, cache: KVCache, row: int, suppress):  # e [L, H] -> first (ids, lps)
+    hidden = decoder.forward(e[None], w, cfg, cache, slice(row, row + 1), [0])
+    logits = decoder.logits(hidden, w)
+    if not array_module(logits).isfinite(logits).all():  # before `suppress` writes its -inf
+        raise _nonfinite_weights(w)
+    return _greedy(logits, suppress)
+
+
 def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, rows=None, timings=None,
              on_done=None):
     """embeds: prompt embeddings [L_b, H]; budgets: new tokens allowed each -> list[Generation], in order.
@@ -127,11 +135,7 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
                 cache = KVCache(cfg, pool, len(e) + budget, array_module(e))
             cache.reserve(len(e) + budget)
             start = time.perf_counter()
-            hidden = decoder.forward(e[None], w, cfg, cache, slice(active, active + 1), [0])
-            logits = decoder.logits(hidden, w)
-            if not array_module(logits).isfinite(logits).all():  # before `suppress` writes its -inf
-                raise _nonfinite_weights(w)
-            ids, lps = _greedy(logits, suppress)
+            ids, lps = _prefill(e, w, cfg, cache, active, suppress)
             clock["prefill"] = clock.get("prefill", 0.0) + (time.perf_counter() - start) * 1e3
             item_of_row[active] = len(results)
             results.append(None)

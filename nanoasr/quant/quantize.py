@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from nanoasr.tensor import BLOCK_TYPES
+from nanoasr.storage import BLOCK_TYPES
 
 BATCH = 1 << 16  # elements quantized together: bounds the float32 temporaries of the scale search
 GROUP_MAX_EPS = np.float32(1e-15)  # ggml's threshold below which a group counts as all zero

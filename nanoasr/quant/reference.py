@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nanoasr.tensor import BLOCK_TYPES, bf16_to_f32
+from nanoasr.storage import BLOCK_TYPES, bf16_to_f32
 
 
 def dequantize(data: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -1,0 +1,167 @@
+"""The one place that knows which device runs: resolves device={"auto","cpu","cuda"} once into a Backend
+(array namespace + kernel table + weight placement), finds the backend of an array, and scopes CPU threads.
+
+The tables live in cpu.py (numba kernels, each behind the guard that says when it applies) and cuda.py (the
+array-module twins of nanoasr.ops, run by CuPy). A table is imported on first use, so importing nanoasr
+imports neither numba kernels nor CuPy; this package holds the only CuPy imports.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from types import ModuleType
+from typing import Callable
+
+import numpy as np
+
+from nanoasr.errors import OptionError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(slots=True)
+class Kernels:
+    """One device's implementation of each op in nanoasr.ops (same names, same arguments)."""
+
+    add_bias: Callable
+    layer_norm: Callable
+    rms_norm: Callable
+    softmax_inplace: Callable
+    swiglu: Callable
+    apply_rope: Callable
+    fsmn: Callable
+    decode_attention: Callable
+    stored_matmul: Callable
+    take_rows: Callable
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # "cpu" | "cuda"
+    xp: ModuleType  # numpy or cupy
+    table_module: str  # the module defining KERNELS and place()
+
+    @cached_property
+    def _table(self) -> ModuleType:
+        return importlib.import_module(self.table_module)
+
+    @property
+    def kernels(self) -> Kernels:
+        return self._table.KERNELS
+
+    def place(self, tensors: dict, vectors: set[str]) -> dict:
+        """The weights as this device computes with them: `vectors` (norms, biases, FSMN kernels) widened to
+        float32 once, matrices in their stored type where the kernels read it."""
+        return self._table.place(tensors, vectors)
+
+
+CPU = Backend("cpu", np, "nanoasr.backend.cpu")
+_cuda: Backend | None = None  # set when CUDA is resolved
+# array type -> the kernel table of the device holding such arrays: the lookup every op makes
+_TABLES: dict[type, Kernels] = {}
+
+
+def cuda_status() -> tuple[bool, str]:
+    """(usable, reason): whether CuPy imports, sees a GPU and passes a self-check there, and why not."""
+    if importlib.util.find_spec("cupy") is None:
+        return False, "CuPy is not installed (pip install 'nanoasr[cuda]')"
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CuPy raises several driver/runtime error types
+        return False, f"CuPy is installed but cannot use a GPU: {exc}"
+    if count < 1:
+        return False, "CuPy found no NVIDIA GPU"
+    problem = self_check(cupy)
+    if problem is not None:
+        return False, f"the GPU failed a self-check: {problem}"
+    return True, f"{count} GPU(s)"
+
+
+def self_check(cupy) -> str | None:
+    """What went wrong in a tiny round trip on the GPU (upload, a compiled elementwise kernel, a reduction,
+    download), or None when it gives the host's answer. A broken driver or toolkit shows here, not mid-run."""
+    host = np.arange(64, dtype=np.float32)
+    try:
+        x = cupy.asarray(host)
+        got = cupy.asnumpy(x * x + x.sum())
+    except Exception as exc:  # CUDA, NVRTC and driver errors all end the check
+        return f"{type(exc).__name__}: {exc}"
+    if not np.array_equal(got, host * host + host.sum()):
+        return "a test computation gave wrong numbers"
+    return None
+
+
+def resolve(device: str = "auto") -> Backend:
+    global _cuda
+    if device not in DEVICES:
+        raise OptionError(f"device must be one of {', '.join(DEVICES)}; got {device!r}")
+    if device == "cpu":
+        return CPU
+    usable, reason = cuda_status()
+    if usable:
+        import cupy
+
+        _cuda = Backend("cuda", cupy, "nanoasr.backend.cuda")
+        return _cuda
+    if device == "cuda":
+        raise OptionError(f"device='cuda' is not available: {reason}")
+    warnings.warn(f"nanoasr: no usable GPU ({reason}); running on the CPU", stacklevel=2)
+    return CPU
+
+
+def of(x) -> Backend:
+    """The backend whose device holds array x."""
+    if isinstance(x, np.ndarray):
+        return CPU
+    cupy = sys.modules.get("cupy")  # never imported here: a CuPy array means CuPy is loaded
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return _cuda or resolve("cuda")
+    raise TypeError(f"no backend computes on {type(x).__name__}; expected a numpy or CuPy array")
+
+
+def kernels_for(x) -> Kernels:
+    """The kernel table of the device that holds array x (a dict lookup by type once seen)."""
+    try:
+        return _TABLES[type(x)]
+    except KeyError:
+        table = _TABLES[type(x)] = of(x).kernels
+        return table
+
+
+def array_module(x) -> ModuleType:
+    """numpy or cupy, following the array given (CuPy is never imported here unless it already is)."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return cupy
+    return np
+
+
+def to_numpy(x) -> np.ndarray:
+    """A host copy of an array from either namespace."""
+    return x.get() if array_module(x) is not np else np.asarray(x)
+
+
+@contextmanager
+def threads(n: int | None):
+    """At most n threads in numba's kernels and in BLAS inside the block (the host's pools; None: as they
+    are)."""
+    if n is None:
+        yield
+        return
+    import numba  # here, not at the top: importing nanoasr does not load numba
+    from threadpoolctl import threadpool_limits
+
+    previous = numba.get_num_threads()
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    try:
+        with threadpool_limits(limits=n):
+            yield
+    finally:
+        numba.set_num_threads(previous)

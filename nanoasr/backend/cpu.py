@@ -1,0 +1,97 @@
+"""The CPU kernel table: numba kernels, each behind the guard that says when it applies (dtype, layout);
+anything else goes to the op's array-module twin in nanoasr.ops, which numpy runs."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from nanoasr import ops
+from nanoasr.backend import Kernels
+from nanoasr.kernels import attention, cpu, elementwise, softmax
+from nanoasr.tensor import StoredTensor, take_rows, widen
+
+# Up to this many rows (batched decode, the last prefill position) stream the stored blocks once through
+# the fused kernels; more rows (encoder, prefill) widen the matrix once and use BLAS.
+FUSED_ROWS = 8
+_scratch = threading.local()
+
+
+def add_bias(y, bias, relu):  # y [n, out], a fresh product (overwritten)
+    if bias is not None and y.dtype == np.float32 and y.flags.c_contiguous:
+        return elementwise.add_bias(y, bias, relu)  # one pass instead of two and a temporary
+    return ops.add_bias_xp(y, bias, relu)
+
+
+def layer_norm(x, weight, bias, eps):  # the kernel copies a strided x; float32 only (one compiled version)
+    if x.dtype == np.float32:
+        return elementwise.layer_norm(x, weight, bias, eps)
+    return ops.layer_norm_xp(x, weight, bias, eps)
+
+
+def rms_norm(x, weight, eps):
+    if x.dtype == np.float32:
+        return elementwise.rms_norm(x, weight, eps)
+    return ops.rms_norm_xp(x, weight, eps)
+
+
+def softmax_inplace(x):  # in place: only on x's own float32 C-contiguous memory
+    if x.dtype == np.float32 and x.flags.c_contiguous:
+        return softmax.softmax_inplace(x)
+    return ops.softmax_inplace_xp(x)
+
+
+def swiglu(gate, up):  # gate is overwritten in place: only its own float32 C-contiguous memory
+    if gate.dtype == np.float32 and gate.flags.c_contiguous:
+        return elementwise.swiglu(gate, up)
+    return ops.swiglu_xp(gate, up)
+
+
+def apply_rope(x, cos, sin):
+    if x.dtype == np.float32:
+        return elementwise.apply_rope(x, cos, sin)
+    return ops.apply_rope_xp(x, cos, sin)
+
+
+def fsmn(v, kernel):
+    if v.dtype == np.float32:
+        return elementwise.fsmn(v, kernel)
+    return ops.fsmn_xp(v, kernel)
+
+
+def decode_attention(q, keys, values, lengths):  # the kernel checks lengths against the cache it reads
+    if keys.dtype == np.float32 and values.dtype == np.float32:
+        return attention.decode_attention(q, keys, values, lengths)
+    return ops.decode_attention_xp(q, keys, values, lengths)
+
+
+def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, out]
+    out_features, in_features = w.shape
+    x = np.ascontiguousarray(rows, dtype=np.float32)
+    if len(x) <= FUSED_ROWS:
+        return cpu.matvec(x, w.data, w.dtype, out_features, in_features,
+                          np.empty((len(x), out_features), np.float32))
+    if w.dtype == "f32":
+        return x @ w.data.T
+    wide = cpu.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))
+    return x @ wide.T
+
+
+def _widen_buffer(rows: int, cols: int) -> np.ndarray:
+    """A float32 [rows, cols] view of this thread's reused buffer (one matrix widened at a time)."""
+    size = rows * cols
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < size:
+        buf = _scratch.buf = np.empty(size, np.float32)
+    return buf[:size].reshape(rows, cols)
+
+
+KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
+                  softmax_inplace=softmax_inplace, swiglu=swiglu, apply_rope=apply_rope, fsmn=fsmn,
+                  decode_attention=decode_attention, stored_matmul=stored_matmul, take_rows=take_rows)
+
+
+def place(tensors: dict, vectors: set[str]) -> dict:
+    """Matrices stay in their stored type, float32 ones too, so that decoding streams them through the same
+    kernels; vectors are widened once."""
+    return {name: widen(t) if name in vectors else t for name, t in tensors.items()}

@@ -1,0 +1,57 @@
+"""GGUF writing: header, metadata and tensor infos, then each tensor's data streamed in turn, atomically."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUFWriter
+
+from nanoasr.errors import ModelError
+from nanoasr.formats.gguf_read import GGML_TYPES
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    block, type_bytes = GGML_QUANT_SIZES[GGML_TYPES[dtype]]
+    if shape[-1] % block:
+        raise ModelError(f"{dtype} needs rows of whole {block}-element blocks, found shape {list(shape)}")
+    return int(np.prod(shape, dtype=np.int64)) // block * type_bytes
+
+
+def _stream(path: Path, w: GGUFWriter, infos, data: Iterable[np.ndarray], progress) -> None:
+    """Header, metadata and tensor infos, then each tensor's data as `data` yields it (one in memory)."""
+    for name, shape, dtype in infos:
+        w.add_tensor_info(name, shape, np.dtype(np.float32), _nbytes(shape, dtype),
+                          raw_dtype=GGML_TYPES[dtype])
+    w.write_header_to_file(path)
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for k, ((name, _, dtype), array) in enumerate(zip(infos, data, strict=True), 1):
+        w.write_tensor_data(array)
+        if progress is not None:  # one line rewritten in place on a terminal, a line per tensor in a log
+            line = f"[{k}/{len(infos)}] {dtype:>4} {name}"
+            live = progress.isatty()
+            print(f"\r{line}\033[K" if live else line, end="" if live else "\n", file=progress, flush=True)
+    if progress is not None and progress.isatty():
+        print(file=progress)
+
+
+def write(path: Path, arch: str, add_metadata: Callable[[GGUFWriter], None],
+          infos: list[tuple[str, tuple[int, ...], str]], data: Iterable[np.ndarray], progress) -> None:
+    """A GGUF of `arch`: `add_metadata(writer)` adds the keys, `infos` names each tensor (name, shape, stored
+    type) and `data` yields their GGUF data in the same order.
+
+    Written beside `path` and renamed at the end, so a failed conversion leaves no partial file behind.
+    """
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    w = GGUFWriter(partial, arch)
+    try:
+        add_metadata(w)
+        _stream(partial, w, infos, data, progress)
+        w.close()
+        os.replace(partial, path)
+    finally:
+        w.close()
+        partial.unlink(missing_ok=True)

@@ -1,0 +1,83 @@
+"""Checkpoints opened by path: a safetensors directory, a .gguf file, or FunASR's model.pt (the file, or a
+directory that holds it); weights memory-mapped in their stored type and validated before any math.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from nanoasr.errors import ModelError
+from nanoasr.formats import safetensors
+from nanoasr.model import config as config_mod
+from nanoasr.model.checkpoint import TEXT_FILES, Checkpoint, read_json, read_text, validate
+from nanoasr.model.config import Config
+from nanoasr.model.funasr import load_funasr
+from nanoasr.model.gguf_schema import load_gguf
+from nanoasr.model.layouts import to_logical
+
+
+def _legacy_config(raw: dict, where: str) -> dict:
+    """The first Hub revision's `encoder_config` spelled as the nested audio_config (same meaning)."""
+    enc = raw.get("encoder_config")
+    if not isinstance(enc, dict) or "audio_config" in raw:
+        return raw
+    renamed = {"d_model": "hidden_size", "encoder_attention_heads": "num_attention_heads",
+               "encoder_ffn_dim": "intermediate_size", "kernel_size": "fsmn_kernel_size"}
+    audio = {renamed.get(k, k): v for k, v in enc.items()}
+    main, timestamp = enc.get("encoder_layers", 0), enc.get("num_timestamp_prediction_blocks", 0)
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in (main, timestamp)):
+        raise ModelError(f"{where}: encoder_config.encoder_layers and num_timestamp_prediction_blocks must "
+                         f"be integers, found {main!r} and {timestamp!r}")
+    if "encoder_layers" in enc:  # transcription layers; the timestamp layers come on top
+        audio["num_hidden_layers"] = main + timestamp
+    if "num_timestamp_prediction_blocks" in enc:
+        audio["num_timestamp_prediction_layers"] = timestamp
+    return dict(raw, audio_config=audio)
+
+
+def load_config(path: Path) -> Config:
+    raw = read_json(path, "config.json")
+    if not isinstance(raw, dict):
+        raise ModelError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+    return config_mod.from_dict(_legacy_config(raw, str(path)), str(path))
+
+
+def _file_magic(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4)
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot be read ({exc})") from None
+
+
+def _load_file(path: Path) -> Checkpoint:
+    """A GGUF or a torch.save archive, told apart by their first bytes (a .gguf name goes to the GGUF reader,
+    which names what is wrong with it)."""
+    magic = _file_magic(path)
+    if magic == b"GGUF" or path.suffix.lower() == ".gguf":
+        return load_gguf(path)
+    if magic == b"PK\x03\x04":  # a zip: torch.save's format
+        return load_funasr(path)
+    raise ModelError(f"{path}: expected a GGUF file or a torch.save archive (model.pt), "
+                     f"found a file starting with {magic!r}")
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """A safetensors checkpoint directory, a .gguf file, or FunASR's model.pt (the file, or a directory that
+    holds it) -> validated Checkpoint (weights memory-mapped)."""
+    path = Path(path)
+    if path.is_file():
+        return _load_file(path)
+    if not path.exists():
+        raise ModelError(f"{path}: no such model directory, .gguf or model.pt file")
+    if not path.is_dir():
+        raise ModelError(f"{path}: expected a checkpoint directory, a .gguf file or a model.pt file")
+    safetensors_files = ("model.safetensors", "model.safetensors.index.json")
+    if (path / "model.pt").is_file() and not any((path / n).exists() for n in safetensors_files):
+        return load_funasr(path / "model.pt")
+    config = load_config(path / "config.json")
+    files = {name: read_text(path / name) for name in TEXT_FILES if (path / name).is_file()}
+    if "tokenizer.json" not in files:
+        raise ModelError(f"{path}: tokenizer.json is missing (the checkpoint's tokenizer is required)")
+    tensors = to_logical(safetensors.read_checkpoint_dir(path), config)
+    validate(tensors, config, str(path))
+    return Checkpoint(config, tensors, files, {"path": str(path), "format": "safetensors"})

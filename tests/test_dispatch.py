@@ -1,0 +1,166 @@
+"""The backend owns dispatch: only nanoasr/backend tests which array module runs, each op goes through the
+kernel table of the device holding its input, and the CPU table sends an array to the numba kernel when
+the kernel's guard holds and to the op's array-module twin otherwise."""
+import pathlib
+import re
+
+import numba
+import numpy as np
+import pytest
+
+from nanoasr import backend, ops
+from nanoasr.backend import cpu as cpu_table
+from nanoasr.kernels import attention, cpu, elementwise, softmax
+from nanoasr.tensor import StoredTensor, take_rows, widen
+
+PACKAGE = pathlib.Path(ops.__file__).parent
+BACKEND_TEST = re.compile(r"\bis\s+(not\s+)?(np|numpy)\b")
+
+
+def test_only_the_backend_package_asks_which_array_module_runs():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if (PACKAGE / "backend") in path.parents:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if BACKEND_TEST.search(line.split("#")[0]):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}")
+    assert not found, "backend tests outside nanoasr/backend:\n" + "\n".join(found)
+    assert BACKEND_TEST.search("if xp is not np:") and BACKEND_TEST.search("array_module(x) is np")
+
+
+def record(monkeypatch, module, name) -> list:
+    """Calls of module.name from now on (it still runs)."""
+    calls, original = [], getattr(module, name)
+
+    def spy(*args):
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+def f32(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def shaped(shape, dtype, contiguous):  # an array with its own memory, or a strided view of the same values
+    x = f32(*shape, seed=2).astype(dtype)
+    return x if contiguous else np.repeat(x, 2, axis=-1)[..., ::2]
+
+
+# op -> (the module holding its kernel, its arguments after x, the shape of x)
+CASES = {
+    "layer_norm": (elementwise, lambda: (f32(8), f32(8), 1e-5), (6, 8)),
+    "rms_norm": (elementwise, lambda: (f32(8), 1e-6), (6, 8)),
+    "softmax_inplace": (softmax, lambda: (), (6, 8)),
+    "swiglu": (elementwise, lambda: (f32(6, 8, seed=1),), (6, 8)),
+    "apply_rope": (elementwise, lambda: (f32(3, 4), f32(3, 4)), (3, 2, 4)),
+    "fsmn": (elementwise, lambda: (f32(4, 1, 3),), (1, 6, 4)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(CASES))
+@pytest.mark.parametrize("dtype, contiguous", [(np.float32, True), (np.float64, True), (np.float32, False)])
+def test_cpu_ops_reach_the_kernel_when_its_guard_holds(monkeypatch, op, dtype, contiguous):
+    module, rest, shape = CASES[op]
+    x = shaped(shape, dtype, contiguous)
+    assert x.flags.c_contiguous == contiguous
+    kernel, twin = record(monkeypatch, module, op), record(monkeypatch, ops, op + "_xp")
+    getattr(ops, op)(x, *rest())
+    # softmax and swiglu overwrite their input, so they take only its own float32 C-contiguous memory;
+    # the other kernels copy a strided input and take any float32 layout
+    in_place = op in ("softmax_inplace", "swiglu")
+    to_kernel = dtype == np.float32 and (contiguous or not in_place)
+    assert (len(kernel), len(twin)) == ((1, 0) if to_kernel else (0, 1))
+
+
+@pytest.mark.parametrize("dtype, bias, relu, to_kernel", [
+    (np.float32, True, False, True), (np.float32, True, True, True), (np.float32, False, True, False),
+    (np.float64, True, True, False)])
+def test_a_linear_layers_bias_goes_to_the_kernel_for_float32(monkeypatch, dtype, bias, relu, to_kernel):
+    kernel, twin = record(monkeypatch, elementwise, "add_bias"), record(monkeypatch, ops, "add_bias_xp")
+    x, w, b = f32(3, 8).astype(dtype), f32(5, 8, seed=1).astype(dtype), f32(5, seed=2).astype(dtype)
+    y = ops.linear(x, w, b if bias else None, relu)
+    expected = x @ w.T + (b if bias else 0)
+    np.testing.assert_allclose(y, np.maximum(expected, 0) if relu else expected, rtol=1e-6)
+    assert (len(kernel), len(twin)) == ((1, 0) if to_kernel else (0, 1))
+
+
+@pytest.mark.parametrize("rows, route", [(1, "matvec"), (8, "matvec"), (9, "widen")])
+def test_stored_weights_stream_through_matvec_for_few_rows_and_widen_for_many(monkeypatch, rows, route):
+    matvec, wide = record(monkeypatch, cpu, "matvec"), record(monkeypatch, cpu, "widen")
+    w = f32(16, 64, seed=1)
+    stored = StoredTensor((w.view(np.uint32) >> 16).astype(np.uint16), "bf16", w.shape)
+    x = f32(rows, 64)
+    np.testing.assert_allclose(ops.linear(x, stored), x @ widen(stored).T, rtol=1e-5, atol=1e-5)
+    assert (len(matvec), len(wide)) == ((1, 0) if route == "matvec" else (0, 1))
+
+
+def decode_case(dtype):
+    rng = np.random.default_rng(4)
+    keys = rng.standard_normal((3, 2, 10, 8)).astype(dtype)
+    values = rng.standard_normal(keys.shape).astype(dtype)
+    return rng.standard_normal((2, 2, 3, 8)).astype(np.float32), keys[1:], values[1:], np.array([4, 10])
+
+
+@pytest.mark.parametrize("dtype, to_kernel", [(np.float32, True), (np.float64, False)])
+def test_decode_attention_goes_to_the_kernel_for_a_float32_cache(monkeypatch, dtype, to_kernel):
+    kernel = record(monkeypatch, attention, "decode_attention")
+    twin = record(monkeypatch, ops, "decode_attention_xp")
+    ops.decode_attention(*decode_case(dtype))
+    assert (len(kernel), len(twin)) == ((1, 0) if to_kernel else (0, 1))
+
+
+def test_the_decode_attention_twin_equals_the_kernel():
+    """The twin (what CuPy runs) against the kernel, rows of different lengths over strided cache views;
+    positions past a row's length hold stale values (another row's, swapped away) and must not count."""
+    q, keys, values, lengths = decode_case(np.float32)
+    keys[0, :, 4:], values[0, :, 4:] = 50.0, 1e6
+    expected = attention.decode_attention(q, keys, values, lengths)
+    np.testing.assert_allclose(ops.decode_attention_xp(q, keys, values, lengths), expected, rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_the_array_module_widening_equals_the_hosts(dtype):
+    w = f32(6, 32)
+    data = {"f32": w, "f16": w.astype(np.float16), "bf16": (w.view(np.uint32) >> 16).astype(np.uint16)}[dtype]
+    t = StoredTensor(data, dtype, w.shape)
+    np.testing.assert_array_equal(ops.widen_xp(t), widen(t))
+    np.testing.assert_array_equal(ops.take_rows_xp(t, [5, 0, 5]), take_rows(t, [5, 0, 5]))
+    x = f32(9, 32, seed=1)
+    np.testing.assert_array_equal(ops.stored_matmul_xp(x, t), x @ widen(t).T)
+
+
+def test_the_array_module_path_refuses_block_types_it_cannot_widen():
+    t = StoredTensor(np.zeros((2, 34), np.uint8), "q8_0", (2, 32))
+    with pytest.raises(ValueError, match="widens the dense storage types .*; got q8_0"):
+        ops.widen_xp(t)
+
+
+def test_arrays_find_their_backend_and_others_are_refused(tmp_path):
+    mapped = np.memmap(tmp_path / "m", np.float32, "w+", shape=(4,))
+    assert backend.of(mapped) is backend.of(np.zeros(2)) is backend.CPU
+    assert backend.kernels_for(mapped) is backend.kernels_for(np.zeros(2)) is cpu_table.KERNELS
+    with pytest.raises(TypeError, match="no backend computes on list"):
+        backend.kernels_for([1.0, 2.0])
+
+
+def test_cpu_placement_widens_vectors_once_and_keeps_matrices_stored():
+    bits = np.ones((4, 8), np.uint16)
+    tensors = {"norm": StoredTensor(np.ones(8, np.float16), "f16", (8,)),
+               "matrix": StoredTensor(bits, "bf16", (4, 8))}
+    placed = backend.CPU.place(tensors, {"norm"})
+    assert placed["matrix"] is tensors["matrix"]
+    assert placed["norm"].dtype == np.float32 and (placed["norm"] == 1).all()
+
+
+def test_threads_are_scoped_and_restored():
+    before = numba.get_num_threads()
+    with backend.threads(1):
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == before
+    with backend.threads(None):
+        assert numba.get_num_threads() == before

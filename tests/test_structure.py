@@ -1,0 +1,123 @@
+"""Imports point down only: no import cycle in nanoasr/ (module-level and function-level imports alike), and
+the lower layers (formats, quant, kernels, tensor, storage) never import the model or the edges above it."""
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "nanoasr"
+LOWER = ("formats", "quant", "kernels", "tensor", "storage")
+UPPER = re.compile(r"(model|api|cli|server|hub|convert|doctor)(_|$)")  # cli_convert and cli_models too
+
+
+def modules(package: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module under `package` (packages by their __init__)."""
+    out = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def targets(node, module: str, is_package: bool, known) -> list[str]:
+    """What one import statement names: `from a import b` is a.b where that is a module, else a."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:  # relative: climb from the importing module's package
+        parts = module.split(".")
+        kept = parts[:len(parts) - node.level + is_package]
+        base = ".".join(kept + ([node.module] if node.module else []))
+    submodules = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+    return submodules or [base]
+
+
+def nearest_module(name: str, known) -> str | None:
+    """`name` or the closest enclosing module that exists (`a.b.Thing` -> `a.b`)."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """module -> the package's modules it imports anywhere in its body (inside functions too)."""
+    known = modules(package)
+    graph = {m: set() for m in known}
+    for module, path in known.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for name in targets(node, module, path.name == "__init__.py", known):
+                    found = nearest_module(name, known)
+                    if found and found != module:
+                        graph[module].add(found)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None."""
+    on_path, done = [], set()
+
+    def visit(module):
+        on_path.append(module)
+        for target in sorted(graph[module]):
+            if target in on_path:
+                return on_path[on_path.index(target):] + [target]
+            if target not in done:
+                cycle = visit(target)
+                if cycle:
+                    return cycle
+        on_path.pop()
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        if module not in done:
+            cycle = visit(module)
+            if cycle:
+                return cycle
+    return None
+
+
+def layer(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{a} -> {b}" for a, imported in sorted(graph.items()) for b in sorted(imported)
+            if layer(a) in LOWER and UPPER.match(layer(b))]
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph(PACKAGE))
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_lower_layers_never_import_the_model_or_the_edges():
+    assert upward_imports(import_graph(PACKAGE)) == []
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    package = root / "pkg"
+    for name, text in files.items():
+        path = package / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return package
+
+
+def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
+    package = write_package(tmp_path, {
+        "__init__.py": "", "tensor.py": "def widen():\n    from pkg.quant.reference import dequantize\n",
+        "quant/__init__.py": "", "quant/reference.py": "from pkg.tensor import widen\n"})
+    assert find_cycle(import_graph(package)) in (["pkg.quant.reference", "pkg.tensor", "pkg.quant.reference"],
+                                                 ["pkg.tensor", "pkg.quant.reference", "pkg.tensor"])
+
+
+def test_upward_and_relative_imports_are_found(tmp_path):
+    package = write_package(tmp_path, {
+        "__init__.py": "", "model/__init__.py": "", "model/weights.py": "", "cli_convert.py": "",
+        "formats/__init__.py": "", "formats/gguf.py": "from ..model import weights\n",
+        "formats/other.py": "def main():\n    import pkg.cli_convert\n"})
+    graph = import_graph(package)
+    assert find_cycle(graph) is None
+    assert upward_imports(graph) == ["pkg.formats.gguf -> pkg.model.weights",
+                                     "pkg.formats.other -> pkg.cli_convert"]
