@@ -3,6 +3,8 @@
 tests/fixtures/tiny/reference.npz is written by tools/reference/fixture.py from Transformers'
 FunAsrNanoForConditionalGeneration; nothing in it comes from nanoasr.
 """
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from engine_parity import cases, check_case, full_sequence_logits, stage_outputs
 from nanoasr.model import generate
 from tools.reference.dump import CASES, FORCED_TOKENS
 
-REFS = np.load(__import__("conftest").TINY / "reference.npz")
+REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")
 PROMPTS = {name: options for name, _, _, options in CASES}
 
 

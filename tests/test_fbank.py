@@ -1,5 +1,6 @@
 """Frontend parity: fbank against kaldi-native-fbank, LFR against a plain loop."""
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,7 +76,7 @@ def test_profiles_and_errors():
         features(wave[:399])
 
 
-TORCHAUDIO = __import__("conftest").ROOT / "tests" / "fixtures" / "frontend_torchaudio.npz"
+TORCHAUDIO = Path(__file__).parent / "fixtures" / "frontend_torchaudio.npz"
 
 
 @pytest.mark.parametrize("reference", ["transformers", "funasr"])

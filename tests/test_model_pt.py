@@ -7,6 +7,7 @@ import pickle
 import struct
 import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from nanoasr.model.load import load_checkpoint
 from engine_parity import cases
 from tools.reference import funasr_checkpoint
 
-REFS = np.load(__import__("conftest").TINY / "reference.npz")
+REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")
 
 
 @pytest.fixture(scope="module")
