@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nanoasr import backend as backend_mod
+from nanoasr.audio.fbank import REFERENCES
 from nanoasr.errors import OptionError
 from nanoasr.model import adaptor, decoder, encoder, generate, prompt
 from nanoasr.model.tokenizer import Tokenizer
@@ -24,7 +25,6 @@ from nanoasr.model.load import load_checkpoint
 from nanoasr.model.spec import expected_tensors
 from nanoasr.transcript import Segment, Transcript
 
-REFERENCES = ("funasr", "transformers")
 FUNASR_ADAPTOR_EPS = 1e-12  # the authors' adaptor LayerNorm eps (DESIGN §2)
 MAX_SEGMENT_S = 30.0
 BATCH_SIZE = 8  # segments decoded together

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanoasr.backend import DEVICES
 from nanoasr.errors import NanoasrError
 from nanoasr.writers import FORMATS
 
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="checkpoint directory, .gguf or FunASR model.pt file, hub id "
                             "org/repo[@revision], or package name (default: the official safetensors package "
                             "at its pinned revision)")
-    model.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="where to run")
+    model.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     model.add_argument("--threads", type=int, default=None, metavar="N",
                        help="CPU threads for numba and BLAS (default: all cores)")
     decoding = parser.add_argument_group("transcription")

@@ -11,16 +11,16 @@ from functools import lru_cache
 
 import numpy as np
 
+from nanoasr.audio import SAMPLE_RATE
 from nanoasr.backend import array_module
 from nanoasr.errors import AudioError, OptionError
 
-SAMPLE_RATE = 16000
 FRAME, SHIFT, N_FFT, N_MELS = 400, 160, 512, 80
 LOW_HZ, HIGH_HZ = 20.0, 8000.0
 PREEMPH = 0.97
 LOG_FLOOR = np.float32(np.finfo(np.float32).eps)
 LFR_M, LFR_N = 7, 6
-REFERENCES = ("funasr", "transformers")
+REFERENCES = ("funasr", "transformers")  # the two reference profiles (DESIGN §2)
 WAVE_SCALE = {"funasr": 32768.0, "transformers": 1.0}
 
 

@@ -38,11 +38,11 @@ import numpy as np
 import soundfile
 import soxr
 
+from nanoasr.audio import SAMPLE_RATE
 from nanoasr.errors import AudioError, AudioTooLongError, OptionError
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16000
 MIN_SAMPLES = 400  # one 25 ms fbank frame at 16 kHz
 MIN_RATE, MAX_RATE = 1000, 768000
 INSTALL_FFMPEG = "install ffmpeg (apt install ffmpeg / brew install ffmpeg)"

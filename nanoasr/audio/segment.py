@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nanoasr.audio import SAMPLE_RATE
 from nanoasr.errors import AudioError, OptionError
 
-SAMPLE_RATE = 16000
 FRAME_S, HOP_S = 0.025, 0.010  # the usual speech analysis frame: short enough to see gaps between words
 SILENCE_FLOOR_DB = -50.0  # dBFS RMS; below this nothing is speech, whatever the recording's own levels
 NOISE_PERCENTILE = 10  # the quietest tenth of the frames estimates the noise floor

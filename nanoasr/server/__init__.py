@@ -22,6 +22,7 @@ import math
 import os
 import sys
 
+from nanoasr.backend import DEVICES
 from nanoasr.errors import NanoasrError
 
 
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--upload-dir", default=None,
                         help="directory in which the server makes its own directory for uploads in progress "
                              "(default: the system's temporary directory)")
-    parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="where to run")
+    parser.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads")
     return parser
 
