@@ -173,7 +173,8 @@ class Model:
                    itn: bool = True, hotwords=(), context: str | None = None, reference: str = "funasr",
                    max_new_tokens: int | None = None, ignore_stop: bool = False,
                    max_duration_s: float | None = None, on_segment=None) -> Transcript:
-        """Transcribe a path, encoded bytes, a binary file object, or an array (with `sample_rate`).
+        """Transcribe a path, encoded bytes, a binary file object, an array (with `sample_rate`), or a
+        DecodedAudio from nanoasr.audio.io.decode_audio (taken as it is, not decoded again).
 
         `on_segment(segment)`, when given, is called as each segment is finished, in order.
         `max_duration_s` refuses longer audio with AudioTooLongError (default: no limit).
@@ -235,8 +236,9 @@ class Model:
         cut = [s.finish_reason for s in segments if s.truncated]
         if cut:
             log.warning("%d of %d segments stopped early (%d at the token budget, %d by the repetition "
-                        "guard); see Segment.finish_reason", len(cut), len(segments), cut.count("length"),
-                        cut.count("repetition"))
+                        "guard), so their text may be incomplete; finish_reason marks them%s", len(cut),
+                        len(segments), cut.count("length"), cut.count("repetition"),
+                        "; max_new_tokens raises the budget" if "length" in cut else "")
         code = prompt.language_code(options.language)
         return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, duration, timer.ms)
 

@@ -6,7 +6,6 @@ The keys follow nanoasr.model.gguf_schema, which reads them back; docs/gguf.md l
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from gguf.quants import quantize as gguf_quantize
 
 from nanoasr.errors import ModelError
 from nanoasr.formats import gguf_write
+from nanoasr.formats.gguf_write import Progress
 from nanoasr.formats.gguf_read import GGML_TYPES
 from nanoasr.formats.gguf_vocab import add_vocab
 from nanoasr.model.checkpoint import Checkpoint, validate
@@ -151,8 +151,9 @@ def _add_nanoasr_keys(w: GGUFWriter, checkpoint: Checkpoint) -> None:
 
 
 def write(path: str | Path, checkpoint: Checkpoint, target: str = "f16", report: bool = True,
-          progress=sys.stderr) -> list[dict]:
-    """A nanoasr GGUF of `checkpoint` in `target`; returns one report row per tensor (type, bytes, error)."""
+          progress: Progress | None = None) -> list[dict]:
+    """A nanoasr GGUF of `checkpoint` in `target`; returns one report row per tensor (type, bytes, error).
+    `progress(done, total, name, stored_type)` is called after each tensor is written (default: silent)."""
     validate(checkpoint.tensors, checkpoint.config, "checkpoint to convert")
     if "tokenizer.json" not in checkpoint.files:
         raise ModelError("checkpoint to convert has no tokenizer.json; a GGUF must carry its tokenizer")
@@ -203,7 +204,7 @@ def _add_qwen3_hparams(w: GGUFWriter, t: TextConfig) -> None:
 
 
 def write_qwen3(path: str | Path, checkpoint: Checkpoint, target: str = "f16", report: bool = True,
-                progress=sys.stderr) -> list[dict]:
+                progress: Progress | None = None) -> list[dict]:
     """The decoder alone as a stock llama.cpp `qwen3` GGUF (to benchmark llama.cpp on the same weights)."""
     validate(checkpoint.tensors, checkpoint.config, "checkpoint to export")
     types = storage_types(checkpoint, target)

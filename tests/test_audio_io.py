@@ -1,5 +1,5 @@
 """load_audio: every accepted input kind and format against an analytic 440 Hz sine, and every rejected
-input."""
+input; decode_audio's DecodedAudio, taken as it is."""
 import io
 import os
 import shutil
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import soundfile
 
-from nanoasr.audio.io import MIN_SAMPLES, SAMPLE_RATE, duration_s, load_audio
-from nanoasr.errors import AudioError
+from nanoasr.audio import io as audio_io
+from nanoasr.audio.io import MIN_SAMPLES, SAMPLE_RATE, DecodedAudio, decode_audio, duration_s, load_audio
+from nanoasr.errors import AudioError, AudioTooLongError
 
 FREQ, AMP = 440.0, 0.5
 FFMPEG = shutil.which("ffmpeg")
@@ -158,6 +159,29 @@ def test_path_bytes_file_object_and_array_inputs_agree(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_decoded_audio_is_passed_on_without_decoding_again(tmp_path, monkeypatch):
+    path = tmp_path / "a.wav"
+    soundfile.write(path, sine(SAMPLE_RATE, 2.0), SAMPLE_RATE, subtype="FLOAT")
+    audio = decode_audio(path)
+    assert audio.name == str(path) and audio.duration_s == 2.0
+    np.testing.assert_array_equal(audio.samples, load_audio(path))
+    monkeypatch.setattr(audio_io, "_decode", lambda *args: pytest.fail("decoded again"))
+    assert load_audio(audio) is audio.samples and decode_audio(audio) is audio
+    with pytest.raises(AudioTooLongError, match=f"{path}: the audio is 2 s long, longer than the 1.5 s"):
+        load_audio(audio, max_duration_s=1.5)
+    with pytest.raises(AudioError, match="sample_rate is for numpy arrays only"):
+        load_audio(audio, SAMPLE_RATE)
+
+
+@pytest.mark.parametrize("samples", [np.zeros(MIN_SAMPLES, np.float64),
+                                     np.zeros((MIN_SAMPLES, 2), np.float32),
+                                     np.zeros(MIN_SAMPLES - 1, np.float32), [0.0] * MIN_SAMPLES],
+                         ids=["float64", "two channels", "too short", "a list"])
+def test_decoded_audio_refuses_what_decode_audio_never_makes(samples):
+    with pytest.raises(AudioError, match="DecodedAudio holds at least"):
+        DecodedAudio(samples, "made by hand")
+
+
 def test_a_named_pipe_is_read_whole(tmp_path, wav_bytes):
     fifo = tmp_path / "pipe.wav"
     os.mkfifo(fifo)

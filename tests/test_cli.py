@@ -9,18 +9,22 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
 import pty
 import re
 import shlex
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import soundfile
 
 from nanoasr import cli
+from nanoasr.audio.io import DecodedAudio
+from nanoasr.cli import transcribe
 from tools.synth import speech_like
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +134,7 @@ def check_json(doc: dict, duration: float):
         assert s["truncated"] == (s["finish_reason"] in ("length", "repetition"))
 
 
-# --- usage, in-process (argparse exits 2 before any model is loaded) ----------------------------------
+# --- usage, in-process (exit status 2 before any model is loaded) --------------------------------------
 
 @pytest.mark.parametrize("argv, message", [
     ([], "the following arguments are required"),
@@ -139,7 +143,7 @@ def check_json(doc: dict, duration: float):
     (["a.wav", "-f", "all"], "give -o DIR"),
     (["a.wav", "-f", "srt,vtt"], "give -o DIR"),
     (["a.wav", "--skip-existing"], "--skip-existing needs -o"),
-    (["a.wav", "--threads", "0"], "--threads must be at least 1"),
+    (["a.wav", "--threads", "0"], "argument --threads: must be a whole number greater than 0"),
     (["a.wav", "--threads", "two"], "invalid int value"),
     (["a.wav", "--language", "klingon"], "unknown language"),
     (["a.wav", "--max-new-tokens", "0"], "max_new_tokens must be between"),
@@ -150,19 +154,26 @@ def check_json(doc: dict, duration: float):
     (["a.wav"] + ["--hotword=w%d" % i for i in range(101)], "at most 100 hotwords"),
 ])
 def test_usage_errors_exit_2(argv, message, capsys):
-    with pytest.raises(SystemExit) as exc:
-        cli.main(argv)
-    assert exc.value.code == 2
+    assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--language", "klingon"], ["--max-new-tokens", "0"],
+                                  ["--context", "x" * 5000]])
+def test_options_the_library_refuses_are_one_line_exit_2(argv, capsys):
+    """api.Options checks them; the command prints its message as one line, without the usage."""
+    assert cli.main(["a.wav", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and err.startswith("nanoasr: error: ")
 
 
 def test_output_name_collision_is_a_usage_error(tmp_path, capsys):
     for d in ("x", "y"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "same.wav").write_bytes(b"")
-    with pytest.raises(SystemExit) as exc:
-        cli.main([str(tmp_path / "x" / "same.wav"), str(tmp_path / "y" / "same.wav"), "-o", str(tmp_path)])
-    assert exc.value.code == 2 and "would both write" in capsys.readouterr().err
+    same = [str(tmp_path / "x" / "same.wav"), str(tmp_path / "y" / "same.wav")]
+    assert cli.main([*same, "-o", str(tmp_path)]) == 2
+    assert "would both write" in capsys.readouterr().err
 
 
 class FakeModel:
@@ -175,12 +186,13 @@ class FakeModel:
         self.loads.append(dict(model=model, device=device, threads=threads))
         return self
 
-    def transcribe(self, wave, **kwargs):
+    def transcribe(self, audio, **kwargs):
         from nanoasr.transcript import Segment, Transcript
 
+        assert isinstance(audio, DecodedAudio)  # decoded once, by the command, and handed over as it is
         kwargs.pop("on_segment")(Segment(0.0, 0.5, "hi", "stop"))
         self.calls.append(kwargs)
-        return Transcript("hi", (Segment(0.0, 0.5, "hi", "stop"),), None, len(wave) / SR, {})
+        return Transcript("hi", (Segment(0.0, 0.5, "hi", "stop"),), None, audio.duration_s, {})
 
 
 @pytest.fixture
@@ -202,7 +214,7 @@ def test_every_transcription_option_reaches_the_model(tmp_path, fake, capsys):
                      "--reference", "transformers", "--max-new-tokens", "7"])
     assert code == 0 and capsys.readouterr().out == "hi\n"
     assert fake.loads == [dict(model="some/repo@abc", device="cpu", threads=3)]
-    assert fake.calls == [dict(sample_rate=SR, language="English", itn=False,
+    assert fake.calls == [dict(language="English", itn=False,
                                hotwords=("Carol", "Dave", "Alice", "Bob"), context="a meeting",
                                reference="transformers", max_new_tokens=7)]
 
@@ -211,15 +223,53 @@ def test_defaults_reach_the_model(tmp_path, fake, capsys):
     soundfile.write(tmp_path / "a.wav", speech_like(1.0), SR)
     assert cli.main([str(tmp_path / "a.wav"), str(tmp_path / "a.wav"), "--itn"]) == 0
     assert fake.loads == [dict(model=None, device="cpu", threads=None)]  # loaded once for all inputs
-    assert fake.calls == 2 * [dict(sample_rate=SR, language=None, itn=True, hotwords=(), context=None,
+    assert fake.calls == 2 * [dict(language=None, itn=True, hotwords=(), context=None,
                                    reference="funasr", max_new_tokens=None)]
     assert capsys.readouterr().out == "hi\nhi\n"
 
 
+def test_library_warnings_are_shown_once_through_the_command(caplog):
+    from nanoasr.cli import library_warnings
+
+    library, shown = logging.getLogger("nanoasr"), []
+    before = (list(library.handlers), library.propagate, library.level)
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as elsewhere:
+        warnings.simplefilter("always")
+        with library_warnings(shown.append):
+            logging.getLogger("nanoasr.audio.io").warning("%s: loud", "x.wav")
+            api_py = str(Path(cli.__file__).resolve().parents[1] / "api.py")
+            warnings.warn_explicit("config derived from tensor shapes", UserWarning, api_py, 1)
+            warnings.warn_explicit("not nanoasr's", UserWarning, "/elsewhere/module.py", 1)
+    assert shown == ["x.wav: loud", "config derived from tensor shapes"]
+    assert [str(w.message) for w in elsewhere] == ["not nanoasr's"]  # left to the handler it had
+    assert caplog.records == []  # not passed on to the root logger's handlers as well
+    assert (list(library.handlers), library.propagate, library.level) == before
+
+
+def test_each_input_is_decoded_once_and_its_warning_shown_once(tiny_dir, tmp_path, monkeypatch, capsys):
+    """In-process on the tiny model: the model takes the audio the command decoded, the library's truncation
+    warning reaches stderr once, named after the input, and the library's loggers are left as they were."""
+    from nanoasr.audio import io as audio_io
+
+    wav = tmp_path / "a.wav"
+    soundfile.write(wav, speech_like(3.0, seed=7), SR)
+    decoded, decode = [], audio_io._decode
+    monkeypatch.setattr(audio_io, "_decode",
+                        lambda source, *rest: decoded.append(source) or decode(source, *rest))
+    loggers = [logging.getLogger(name) for name in ("nanoasr", "nanoasr.api")]
+    before = [(list(g.handlers), g.propagate, g.level, g.disabled) for g in loggers]
+    assert cli.main([str(wav), "--model", str(tiny_dir), "--max-new-tokens", "1", "-q"]) == 0
+    assert decoded == [str(wav)]
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert warning.startswith(f"nanoasr: warning: {wav}: ") and "segments stopped early" in warning
+    assert [(list(g.handlers), g.propagate, g.level, g.disabled) for g in loggers] == before
+
+
 def test_progress_bar_redraws_one_line_and_clears_it():
     stream = io.StringIO()
-    progress = cli.Progress(stream, bar=True, verbose=False)
-    progress.start(1, 2, "a.wav", 10.0)
+    progress = transcribe.Progress(stream, bar=True, verbose=False)
+    progress.begin(1, 2, "a.wav")
+    progress.start(10.0)
     progress.draw(5.0)
     progress.line("nanoasr: error: b.wav: no such file")
     progress.clear()
@@ -233,7 +283,7 @@ def test_help_lists_every_option_with_its_default():
     done = run("--help")
     assert done.returncode == 0 and done.stderr == b""
     text = done.stdout.decode()
-    options = [a for a in cli.build_parser()._actions
+    options = [a for a in transcribe.build_parser()._actions
                if a.option_strings and a.dest not in ("help", "version")]
     assert len(options) >= 16
     entries = []  # an option's entry starts on a line "  -x, --xx ..." and runs until the next
@@ -262,13 +312,14 @@ def test_all_formats_mixed_good_and_bad_inputs(audio, tiny_dir, tmp_path):
                "--reference", "transformers", "--max-new-tokens", "3", "--threads", "1", "--device", "cpu")
     assert done.returncode == 1
     errors = [line for line in lines(done.stderr) if line.startswith("nanoasr: error: ")]
-    assert len(errors) == len(bad) and len(lines(done.stderr)) == len(bad) + 1  # + the truncation warning
+    warnings = [line for line in lines(done.stderr) if line.startswith("nanoasr: warning: ")]
+    assert len(errors) == len(bad) and len(lines(done.stderr)) == len(bad) + len(warnings)
     for path in bad:
         assert sum(str(path) in line for line in errors) == 1, (path, errors)
     assert len(lines(done.stdout)) == 2  # the two good inputs' text, one line each, nothing else
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{stem}.{fmt}" for stem in ("one", "two")
                                                            for fmt in ("txt", "json", "srt", "vtt", "tsv"))
-    n_segments = n_cut = 0
+    n_cut = n_files_cut = 0
     for stem, duration in (("one", 7.0), ("two", 4.0)):
         doc = json.loads((out / f"{stem}.json").read_text(encoding="utf-8"))
         check_json(doc, duration)
@@ -280,11 +331,15 @@ def test_all_formats_mixed_good_and_bad_inputs(audio, tiny_dir, tmp_path):
         assert_same_cues(parse_vtt((out / f"{stem}.vtt").read_text(encoding="utf-8")), cues)
         assert_same_cues(parse_tsv((out / f"{stem}.tsv").read_text(encoding="utf-8")), cues)
         assert (out / f"{stem}.txt").read_text(encoding="utf-8").splitlines() == [c[2] for c in cues]
-        n_segments += len(doc["segments"])
-        n_cut += sum(s["truncated"] for s in doc["segments"])
-    warning = lines(done.stderr)[-1]
-    assert warning.startswith(f"nanoasr: warning: {n_cut} of {n_segments} segments") and n_cut > 0
-    assert "finish_reason" in warning
+        cut = sum(s["truncated"] for s in doc["segments"])
+        told = [w for w in warnings if w.startswith(f"nanoasr: warning: {doc['source']}: ")]
+        assert len(told) == (cut > 0), told  # the library's warning for this input, shown once
+        if cut:
+            assert told[0].startswith(f"nanoasr: warning: {doc['source']}: {cut} of {len(doc['segments'])} "
+                                      "segments stopped early") and "finish_reason" in told[0]
+        n_cut += cut
+        n_files_cut += cut > 0
+    assert n_cut > 0 and len(warnings) == n_files_cut
 
 
 def test_stdin_directories_recursive_and_json_lines(audio, tiny_dir, tmp_path):
@@ -391,7 +446,7 @@ def test_readme_tour_commands(tiny_dir, tmp_path):
     for command in commands:
         words = shlex.split(command.split("|")[-1])
         assert words[:3] == ["python", "-m", "nanoasr"], command
-        subcommand = len(words) > 3 and words[3] in cli.SUBCOMMANDS
+        subcommand = len(words) > 3 and words[3] in cli.COMMANDS
         extra = "" if subcommand or "--help" in words else f" --model {shlex.quote(str(tiny_dir))}"
         line = command.replace("python -m nanoasr", f"{shlex.quote(sys.executable)} -m nanoasr{extra}")
         done = subprocess.run(line, shell=True, cwd=tmp_path, env=env, capture_output=True, timeout=300)

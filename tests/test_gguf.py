@@ -213,6 +213,16 @@ class Q8Quantizer:
         return gguf_quantize(x, GGMLQuantizationType.Q8_0)
 
 
+def test_writing_is_silent_unless_progress_is_asked_for(checkpoint, tmp_path, capsys):
+    seen = []
+    rows = convert.write(tmp_path / "a.gguf", checkpoint, "f16", report=False)
+    convert.write(tmp_path / "b.gguf", checkpoint, "f16", report=False,
+                  progress=lambda *step: seen.append(step))
+    assert capsys.readouterr() == ("", "")
+    n = len(rows)
+    assert seen == [(k, n, r["name"], r["type"].lower()) for k, r in enumerate(rows, 1)]
+
+
 def test_block_types_are_written_and_read_as_gguf_blocks(checkpoint, tmp_path, monkeypatch):
     monkeypatch.setattr(convert, "quantize", Q8Quantizer)
     path = tmp_path / "q8.gguf"
@@ -431,7 +441,7 @@ def test_qwen3_export_has_the_llama_cpp_names_and_hparams(checkpoint, tmp_path):
 def test_convert_command_writes_the_file_report_table_and_summary(checkpoint, tmp_path, capsys):
     from safetensors.numpy import save_file
 
-    from nanoasr.cli_convert import main
+    from nanoasr.cli import main
 
     source = tmp_path / "ckpt"
     source.mkdir()
@@ -439,7 +449,7 @@ def test_convert_command_writes_the_file_report_table_and_summary(checkpoint, tm
     for name, text in checkpoint.files.items():
         (source / name).write_text(text, encoding="utf-8")
     out, report, qwen3 = tmp_path / "out.gguf", tmp_path / "out.json", tmp_path / "decoder.gguf"
-    rc = main([str(source), "--type", "f16", "--output", str(out), "--report", str(report),
+    rc = main(["convert", str(source), "--type", "f16", "--output", str(out), "--report", str(report),
                "--repo", "example/tiny", "--revision", "abc", "--export-qwen3-gguf", str(qwen3)])
     printed = capsys.readouterr()
     assert rc == 0, printed.err
@@ -447,11 +457,14 @@ def test_convert_command_writes_the_file_report_table_and_summary(checkpoint, tm
     assert sorted(r["name"] for r in rows) == sorted(checkpoint.tensors)
     assert {r["type"] for r in rows} == {"F16", "F32"}
     assert "rel_rms" in printed.out and "tensor types:  F16" in printed.out and "x input" in printed.out
+    n = len(checkpoint.tensors)  # stderr is no terminal here: a progress line per tensor, then the export's
+    progress = [line for line in printed.err.splitlines() if line.startswith("[")]
+    assert progress[:n] == [f"[{k}/{n}] {r['type'].lower():>4} {r['name']}" for k, r in enumerate(rows, 1)]
     back = load_gguf(out)
     assert back.source["repo"] == "example/tiny" and back.source["revision"] == "abc"
     assert GGUFReader(qwen3).fields["general.architecture"].contents() == "qwen3"
-    assert main([str(tmp_path / "missing"), "--output", str(out)]) == 1
-    assert "no such checkpoint" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "missing"), "--output", str(out)]) == 1
+    assert "no such model directory" in capsys.readouterr().err
 
 
 def fixture_checkpoint(tmp_path):

@@ -153,10 +153,10 @@ def test_missing_tokenizer_is_named(funasr_dir, tmp_path):
 
 
 def test_convert_writes_a_gguf_with_the_same_values(funasr_dir, original, tmp_path, capsys):
-    from nanoasr.cli_convert import main
+    from nanoasr.cli import main
 
     out = tmp_path / "tiny.gguf"
-    assert main([str(funasr_dir / "model.pt"), "--type", "bf16", "-o", str(out)]) == 0
+    assert main(["convert", str(funasr_dir / "model.pt"), "--type", "bf16", "-o", str(out)]) == 0
     converted = load_checkpoint(out)  # BF16 matrices; norms and biases widened to F32, values unchanged
     assert converted.config == original.config and sorted(converted.tensors) == sorted(original.tensors)
     for name, t in original.tensors.items():

@@ -11,7 +11,8 @@ import pytest
 import test_hub
 from test_hub import CONFIG, GGUF_OLD, NEW, OLD, FakeHub, sha256
 
-from nanoasr import cli, doctor
+from nanoasr import cli
+from nanoasr.cli import doctor
 
 # The fake hub's fixtures, bound here so they reach these tests however pytest collects test_hub.
 fake_hub, hf_env = test_hub.fake_hub, test_hub.hf_env

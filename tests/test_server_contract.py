@@ -11,6 +11,7 @@ import soundfile as sf
 
 pytest.importorskip("fastapi")
 
+from nanoasr.audio.io import DecodedAudio  # noqa: E402
 from nanoasr.errors import AudioError, AudioTooLongError, ModelError, OptionError  # noqa: E402
 from nanoasr.server import create_app  # noqa: E402
 from nanoasr.transcript import Segment, Transcript  # noqa: E402
@@ -25,8 +26,8 @@ class StandInModel:
         self.delay = delay
         self.calls = 0
 
-    def transcribe(self, audio, sample_rate=None, on_segment=None, **kwargs):
-        assert isinstance(audio, np.ndarray) and audio.dtype == np.float32 and sample_rate == 16000
+    def transcribe(self, audio, on_segment=None, **kwargs):
+        assert isinstance(audio, DecodedAudio)  # decoded once, by the server, and handed over as it is
         self.kwargs = kwargs
         self.calls += 1
         time.sleep(self.delay)

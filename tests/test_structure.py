@@ -1,12 +1,13 @@
-"""Imports point down only: no import cycle in nanoasr/ (module-level and function-level imports alike), and
-the lower layers (formats, quant, kernels, tensor, storage) never import the model or the edges above it."""
+"""Imports point down only: no import cycle in nanoasr/ (module-level and function-level imports alike), the
+lower layers (formats, quant, kernels, tensor, storage) never import the model or the edges above it, and
+nothing imports the command line."""
 import ast
 import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nanoasr"
 LOWER = ("formats", "quant", "kernels", "tensor", "storage")
-UPPER = re.compile(r"(model|api|cli|server|hub|convert|doctor)(_|$)")  # cli_convert and cli_models too
+UPPER = re.compile(r"(model|api|cli|server|hub|convert)$")
 
 
 def modules(package: Path) -> dict[str, Path]:
@@ -95,6 +96,14 @@ def test_lower_layers_never_import_the_model_or_the_edges():
     assert upward_imports(import_graph(PACKAGE)) == []
 
 
+def test_the_command_line_is_the_outermost_edge():
+    """Nothing imports nanoasr.cli but its own modules and __main__; the server is started by cli.serve."""
+    graph = import_graph(PACKAGE)
+    importers = {edge: sorted(a for a, imported in graph.items() if layer(a) != edge
+                              and any(layer(b) == edge for b in imported)) for edge in ("cli", "server")}
+    assert importers == {"cli": ["nanoasr.__main__"], "server": ["nanoasr.cli.serve"]}
+
+
 def write_package(root: Path, files: dict[str, str]) -> Path:
     package = root / "pkg"
     for name, text in files.items():
@@ -114,10 +123,10 @@ def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
 
 def test_upward_and_relative_imports_are_found(tmp_path):
     package = write_package(tmp_path, {
-        "__init__.py": "", "model/__init__.py": "", "model/weights.py": "", "cli_convert.py": "",
-        "formats/__init__.py": "", "formats/gguf.py": "from ..model import weights\n",
-        "formats/other.py": "def main():\n    import pkg.cli_convert\n"})
+        "__init__.py": "", "model/__init__.py": "", "model/weights.py": "", "cli/__init__.py": "",
+        "cli/convert.py": "", "formats/__init__.py": "", "formats/gguf.py": "from ..model import weights\n",
+        "formats/other.py": "def main():\n    import pkg.cli.convert\n"})
     graph = import_graph(package)
     assert find_cycle(graph) is None
     assert upward_imports(graph) == ["pkg.formats.gguf -> pkg.model.weights",
-                                     "pkg.formats.other -> pkg.cli_convert"]
+                                     "pkg.formats.other -> pkg.cli.convert"]

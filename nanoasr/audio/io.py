@@ -4,6 +4,9 @@ libsndfile (through soundfile) decodes WAV, FLAC, OGG/Vorbis, Opus and MP3. Anyt
 (m4a/mp4, webm, aac, ...) goes to the `ffmpeg` binary when it is on PATH. Multichannel audio is mixed to
 mono by the mean of its channels and any sample rate is resampled to 16 kHz with soxr (HQ).
 
+`decode_audio` returns the samples with the source's name (a DecodedAudio), which Model.transcribe takes
+without decoding or checking them again; `load_audio` returns the samples alone.
+
 Every unusable input raises `AudioError` naming the source and the problem. Audio shorter than one
 25 ms feature frame (400 samples at 16 kHz, after resampling) is rejected: no feature frame fits it.
 
@@ -32,6 +35,7 @@ import stat
 import subprocess
 import threading
 from contextlib import closing
+from dataclasses import dataclass
 from io import BytesIO
 
 import numpy as np
@@ -72,14 +76,43 @@ class _FfmpegError(Exception):
     """ffmpeg could not decode the input; the message says why."""
 
 
+@dataclass(frozen=True)
+class DecodedAudio:
+    """What decode_audio returns: the samples ([N] float32 mono at 16 kHz, finite, at least MIN_SAMPLES)
+    and the name of their source. load_audio and Model.transcribe take it as it is, without decoding or
+    checking its samples again."""
+
+    samples: np.ndarray
+    name: str
+
+    def __post_init__(self):  # the cheap checks; the samples' values were checked when they were decoded
+        s = self.samples
+        if not (isinstance(s, np.ndarray) and s.dtype == np.float32 and s.ndim == 1
+                and len(s) >= MIN_SAMPLES):
+            raise AudioError(f"{self.name}: DecodedAudio holds at least {MIN_SAMPLES} float32 samples in a "
+                             f"1-D array, as decode_audio makes it; got {type(s).__name__} "
+                             f"{getattr(s, 'dtype', '')} {getattr(s, 'shape', '')}")
+
+    @property
+    def duration_s(self) -> float:
+        return duration_s(self.samples)
+
+
 def load_audio(source, sample_rate: int | None = None, *,
                max_duration_s: float | None = None) -> np.ndarray:  # source -> [N] float32, 16 kHz
-    """Decode `source` to float32 mono 16 kHz samples in [-1, 1] scale.
+    """The samples of decode_audio(source, ...)."""
+    return decode_audio(source, sample_rate, max_duration_s=max_duration_s).samples
+
+
+def decode_audio(source, sample_rate: int | None = None, *,
+                 max_duration_s: float | None = None) -> DecodedAudio:  # source -> [N] float32, 16 kHz
+    """Decode `source` to float32 mono 16 kHz samples in [-1, 1] scale, with the source's name.
 
     `source` is a path (str or os.PathLike), encoded file bytes (bytes, bytearray, memoryview), a binary
     file object (anything with `read()` returning bytes), or a numpy array with `sample_rate` given:
     1-D mono or 2-D [samples, channels]; int16/int32 are scaled to [-1, 1], float arrays are taken as is.
-    Encoded input states its own rate, so `sample_rate` is for arrays only.
+    Encoded input states its own rate, so `sample_rate` is for arrays only. A DecodedAudio is returned as
+    it is (once checked against `max_duration_s`).
 
     `max_duration_s` (seconds, default no limit) refuses longer audio with AudioTooLongError, before
     decoding when the container states its length. Audio peaking above LOUD_PEAK is scaled to peak 1.0
@@ -91,12 +124,14 @@ def load_audio(source, sample_rate: int | None = None, *,
     resampling; OptionError for a `max_duration_s` that is not a positive number.
     """
     limit = _check_limit(max_duration_s)
+    if isinstance(source, DecodedAudio):
+        return _decoded_already(source, sample_rate, limit)
     name, mono = _decode(source, sample_rate, limit)  # [N] float32 at 16 kHz
     if mono.shape[0] < MIN_SAMPLES:
         raise AudioError(f"{name}: the audio is {1e3 * mono.shape[0] / SAMPLE_RATE:.1f} ms long "
                          f"({mono.shape[0]} samples at 16 kHz), shorter than 25 ms, the length of one "
                          f"feature frame ({MIN_SAMPLES} samples)")
-    return mono
+    return DecodedAudio(mono, name)
 
 
 def duration_s(wave: np.ndarray) -> float:
@@ -117,6 +152,15 @@ def _check_limit(max_duration_s):  # -> seconds or None
         raise OptionError(f"max_duration_s must be a positive number of seconds, or None for no limit; "
                           f"got {max_duration_s!r}")
     return float(max_duration_s)
+
+
+def _decoded_already(audio: DecodedAudio, sample_rate, limit) -> DecodedAudio:
+    if sample_rate is not None:
+        raise AudioError(f"{audio.name}: sample_rate={sample_rate!r} was given with DecodedAudio input, "
+                         "which is at 16 kHz already; sample_rate is for numpy arrays only")
+    if limit is not None and audio.duration_s > limit:
+        raise _too_long(audio.name, limit, audio.duration_s)
+    return audio
 
 
 def _too_long(name, limit, seconds=None):

@@ -11,6 +11,8 @@ from gguf import GGML_QUANT_SIZES, GGUFWriter
 from nanoasr.errors import ModelError
 from nanoasr.formats.gguf_read import GGML_TYPES
 
+Progress = Callable[[int, int, str, str], None]  # (tensors written, tensors in all, name, stored type)
+
 
 def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
     block, type_bytes = GGML_QUANT_SIZES[GGML_TYPES[dtype]]
@@ -19,7 +21,7 @@ def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
     return int(np.prod(shape, dtype=np.int64)) // block * type_bytes
 
 
-def _stream(path: Path, w: GGUFWriter, infos, data: Iterable[np.ndarray], progress) -> None:
+def _stream(path: Path, w: GGUFWriter, infos, data: Iterable[np.ndarray], progress: Progress | None) -> None:
     """Header, metadata and tensor infos, then each tensor's data as `data` yields it (one in memory)."""
     for name, shape, dtype in infos:
         w.add_tensor_info(name, shape, np.dtype(np.float32), _nbytes(shape, dtype),
@@ -29,18 +31,16 @@ def _stream(path: Path, w: GGUFWriter, infos, data: Iterable[np.ndarray], progre
     w.write_ti_data_to_file()
     for k, ((name, _, dtype), array) in enumerate(zip(infos, data, strict=True), 1):
         w.write_tensor_data(array)
-        if progress is not None:  # one line rewritten in place on a terminal, a line per tensor in a log
-            line = f"[{k}/{len(infos)}] {dtype:>4} {name}"
-            live = progress.isatty()
-            print(f"\r{line}\033[K" if live else line, end="" if live else "\n", file=progress, flush=True)
-    if progress is not None and progress.isatty():
-        print(file=progress)
+        if progress is not None:
+            progress(k, len(infos), name, dtype)
 
 
 def write(path: Path, arch: str, add_metadata: Callable[[GGUFWriter], None],
-          infos: list[tuple[str, tuple[int, ...], str]], data: Iterable[np.ndarray], progress) -> None:
+          infos: list[tuple[str, tuple[int, ...], str]], data: Iterable[np.ndarray],
+          progress: Progress | None = None) -> None:
     """A GGUF of `arch`: `add_metadata(writer)` adds the keys, `infos` names each tensor (name, shape, stored
-    type) and `data` yields their GGUF data in the same order.
+    type) and `data` yields their GGUF data in the same order. `progress(done, total, name, stored_type)`,
+    when given, is called after each tensor is written; nothing is printed.
 
     Written beside `path` and renamed at the end, so a failed conversion leaves no partial file behind.
     """

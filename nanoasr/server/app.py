@@ -96,7 +96,7 @@ async def lifespan(app: FastAPI):
 
 def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, max_queue: int = 16,
                max_duration_s: float = 3600, read_timeout_s: float = 30, upload_dir: str | None = None):
-    """The ASGI app serving `model` (a nanoasr Model, or anything with its transcribe()).
+    """The ASGI app serving `model` (a nanoasr Model, or anything whose transcribe() takes a DecodedAudio).
 
     Uploads are written to temporary files in this server's own directory inside `upload_dir` (the
     system's temporary directory when None), made at startup and removed at shutdown; each file is

@@ -84,22 +84,20 @@ class Service:
             self.queue.finish()
 
     def decode(self, form: UploadForm):
-        """The upload as 16 kHz samples; the file is removed as soon as it is read."""
-        from nanoasr.audio.io import load_audio
+        """The upload decoded (a DecodedAudio, which the model takes as it is); the file is removed as soon as
+        it is read."""
+        from nanoasr.audio.io import decode_audio
 
         path = form.path
         try:
-            return load_audio(path, max_duration_s=self.max_duration_s)
+            return decode_audio(path, max_duration_s=self.max_duration_s)
         except NanoasrError as exc:
             raise api_error(exc, str(exc).replace(path, form.filename)) from None
         finally:
             form.discard()
 
-    def transcribe(self, wave, options: RequestOptions, on_segment):
-        from nanoasr.audio.io import SAMPLE_RATE
-
+    def transcribe(self, audio, options: RequestOptions, on_segment):
         try:
-            return self.model.transcribe(wave, sample_rate=SAMPLE_RATE, on_segment=on_segment,
-                                         **options.transcribe)
+            return self.model.transcribe(audio, on_segment=on_segment, **options.transcribe)
         except NanoasrError as exc:
             raise api_error(exc, str(exc)) from None

@@ -1,7 +1,6 @@
 """nanoasr models: list, describe, download and remove model packages.
 
-Results go to stdout, download progress and errors to stderr.
-Exit status: 0 on success, 1 on an error, 2 on a usage error.
+Results go to stdout, download progress and errors to stderr. Exit status as in nanoasr.cli.
 """
 from __future__ import annotations
 
@@ -9,11 +8,14 @@ import argparse
 import json
 import sys
 
+from nanoasr.cli import EXIT_FAILED, EXIT_OK, error
 from nanoasr.errors import NanoasrError
+
+PROG = "nanoasr models"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nanoasr models", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="{list,info,download,remove}")
     listing = commands.add_parser("list", help="known packages, their size and whether they are downloaded")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
@@ -54,7 +56,7 @@ def cmd_list(args) -> int:
     rows = [hub.info(p.name) for p in hub.list_packages()]
     if args.json:
         print(json.dumps(rows, indent=1, ensure_ascii=False))
-        return 0
+        return EXIT_OK
     table = [("NAME", "FORMAT", "SIZE", "CACHED", "REPO@REVISION", "LICENSE")]
     table += [(r["name"], r["format"], human_size(r["size"]), "yes" if r["cached"] else "no",
                f"{r['repo']}@{r['revision'][:12]}", r["license"]) for r in rows]
@@ -62,7 +64,7 @@ def cmd_list(args) -> int:
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
     print(f"\ndefault: {hub.default_package().name}; cache: {hub.cache_dir()}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_info(args) -> int:
@@ -71,7 +73,7 @@ def cmd_info(args) -> int:
     row = hub.info(args.name, revision=args.revision, local_dir=args.local_dir)
     if args.json:
         print(json.dumps(row, indent=1, ensure_ascii=False))
-        return 0
+        return EXIT_OK
     for key in ("name", "description", "format", "repo", "revision", "size", "license", "license_url"):
         value = human_size(row[key]) if key == "size" else row[key]
         if value:
@@ -79,7 +81,7 @@ def cmd_info(args) -> int:
     for f in row["files"]:
         print(f"{'file:':<13}{f['name']}  {human_size(f['size'])}  sha256 {f['sha256'] or 'not recorded'}")
     print(f"{'downloaded:':<13}{row['path'] or 'no; ' + row['download']}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_download(args) -> int:
@@ -92,7 +94,7 @@ def cmd_download(args) -> int:
     resolved = hub.download(args.name, revision=args.revision, local_dir=args.local_dir,
                             progress=not args.quiet)
     print(resolved.path)
-    return 0
+    return EXIT_OK
 
 
 def cmd_remove(args) -> int:
@@ -100,19 +102,16 @@ def cmd_remove(args) -> int:
 
     freed = hub.remove(args.name, revision=args.revision, local_dir=args.local_dir)
     print(f"removed {args.name}: {human_size(freed)} freed")
-    return 0
+    return EXIT_OK
 
 
 COMMANDS = {"list": cmd_list, "info": cmd_info, "download": cmd_download, "remove": cmd_remove}
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    except SystemExit as exc:  # argparse exits 2 on a usage error, 0 for --help
-        return exc.code if isinstance(exc.code, int) else 2
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except NanoasrError as exc:
-        print(f"nanoasr models: error: {exc}", file=sys.stderr)
-        return 1
+        error(PROG, exc)
+        return EXIT_FAILED

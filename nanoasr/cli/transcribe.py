@@ -1,31 +1,24 @@
-"""python -m nanoasr: transcripts on stdout, progress, warnings and errors on stderr.
+"""nanoasr AUDIO ...: transcripts on stdout; progress, warnings and errors on stderr.
 
-Exit status: 0 when every input was transcribed, 1 when any failed (one stderr line each, the rest are
-still processed) or the model could not be loaded, 2 for a usage error. Sub-commands (`models`,
-`doctor`, `convert`, `serve`) live in their own modules, imported on use.
+Exit status (see nanoasr.cli): 0 when every input was transcribed, 1 when any failed (one stderr line each,
+the rest are still processed) or the model could not be loaded, 2 for a usage error.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import logging
-import math
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanoasr.audio.fbank import REFERENCES
 from nanoasr.backend import DEVICES
-from nanoasr.errors import NanoasrError
+from nanoasr.cli import COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, positive
+from nanoasr.errors import NanoasrError, OptionError
 from nanoasr.writers import FORMATS
 
-SUBCOMMANDS = {
-    "models": "nanoasr.cli_models",
-    "doctor": "nanoasr.doctor",
-    "convert": "nanoasr.cli_convert",
-    "serve": "nanoasr.server",
-}
+PROG = "nanoasr"
 # What a directory argument contributes: the files whose suffix some decoder reads (ffmpeg for the video
 # containers), so notes, images and transcripts lying beside the audio are not reported as failures.
 AUDIO_SUFFIXES = frozenset(
@@ -60,9 +53,9 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="nanoasr",
+        prog=PROG,
         description="Offline speech-to-text with Fun-ASR-Nano.\nOther commands: "
-                    + ", ".join(f"nanoasr {name}" for name in SUBCOMMANDS) + " (each has --help).",
+                    + ", ".join(f"nanoasr {name}" for name in COMMANDS) + " (each has --help).",
         epilog=EPILOG, formatter_class=_HelpFormatter,
     )
     parser.add_argument("audio", nargs="+",
@@ -74,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "org/repo[@revision], or package name (default: the official safetensors package "
                             "at its pinned revision)")
     model.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
-    model.add_argument("--threads", type=int, default=None, metavar="N",
+    model.add_argument("--threads", type=positive(int), default=None, metavar="N",
                        help="CPU threads for numba and BLAS (default: all cores)")
     decoding = parser.add_argument_group("transcription")
     decoding.add_argument("--language", default=None,
@@ -86,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_argument("--hotwords-file", default=None, metavar="FILE",
                           help="UTF-8 file of hotwords, one per line; blank lines and '#' comments skipped")
     decoding.add_argument("--context", default=None, help="free text describing the recording")
-    decoding.add_argument("--reference", default="funasr", choices=("funasr", "transformers"),
+    decoding.add_argument("--reference", default="funasr", choices=REFERENCES,
                           help="numerics profile to follow")
     decoding.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                           help="token budget per segment (default: scaled to its duration, at most 512)")
@@ -96,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("-o", "--output-dir", default=None, metavar="DIR",
                         help="write one file per input and format here, created if missing "
                              "(default: none, print on stdout)")
-    output.add_argument("--max-duration", type=float, default=None, metavar="SECONDS",
+    output.add_argument("--max-duration", type=positive(float), default=None, metavar="SECONDS",
                         help="refuse inputs longer than this, with one error line each (default: no limit)")
     output.add_argument("-r", "--recursive", action="store_true",
                         help="directories: also the audio files in their subdirectories")
@@ -118,7 +111,7 @@ def _version() -> str:
 
 @dataclass(frozen=True)
 class Item:
-    """One input: what load_audio reads, the name errors use, and its output path without suffix."""
+    """One input: what decode_audio reads, the name errors use, and its output path without suffix."""
 
     source: object
     label: str
@@ -196,7 +189,8 @@ def _clock(seconds: float) -> str:
 
 
 class Progress:
-    """A bar rewritten in place on a terminal; with `verbose`, log lines instead (any stderr)."""
+    """A bar rewritten in place on a terminal; with `verbose`, log lines instead (any stderr). Error and
+    warning lines about the input being transcribed are led by its name."""
 
     WIDTH = 24
 
@@ -206,10 +200,16 @@ class Progress:
         self.index = self.total = 0
         self.label, self.duration = "", 0.0
 
-    def start(self, index: int, total: int, label: str, duration: float):
-        self.index, self.total, self.label, self.duration = index, total, label, duration
+    def begin(self, index: int, total: int, label: str):
+        """Input `index` of `total`, before it is decoded: from here on, its errors and warnings carry its
+        name."""
+        self.index, self.total, self.label, self.duration = index, total, label, 0.0
+
+    def start(self, duration: float):
+        """The input is decoded: `duration` seconds of audio to transcribe."""
+        self.duration = duration
         if self.verbose:
-            self.line(f"nanoasr: [{index}/{total}] {label}: {duration:.1f} s of audio")
+            self.line(f"nanoasr: [{self.index}/{self.total}] {self.label}: {duration:.1f} s of audio")
         self.draw(0.0)
 
     def segment(self, segment):
@@ -229,6 +229,17 @@ class Progress:
         self.stream.flush()
         self.drawn = True
 
+    def error(self, message):
+        self.line(f"{PROG}: error: {self.named(message)}")
+
+    def warning(self, message):
+        self.line(f"{PROG}: warning: {self.named(message)}")
+
+    def named(self, message) -> str:
+        """`message` led by the current input's name, unless it starts with it already."""
+        message = str(message)
+        return message if not self.label or message.startswith(self.label) else f"{self.label}: {message}"
+
     def line(self, text: str):
         """A whole line on stderr (an error, a warning, a log line) without breaking the bar."""
         self.clear()
@@ -241,121 +252,95 @@ class Progress:
             self.drawn = False
 
 
-def truncation_warning(segments: list, n_files: int) -> str | None:
-    """One line counting the segments that stopped early, or None when none did."""
-    cut = [s for s in segments if s.truncated]
-    if not cut:
-        return None
-    length = sum(s.finish_reason == "length" for s in cut)
-    repetition = len(cut) - length
-    files = f" in {n_files} file{'s' if n_files != 1 else ''}" if n_files else ""
-    hint = "; --max-new-tokens raises the budget" if length else ""
-    return (f"nanoasr: warning: {len(cut)} of {len(segments)} segments{files} stopped early "
-            f"({length} at the token budget, {repetition} by the repetition guard), so their text may be "
-            f"incomplete; finish_reason marks them in -f json output{hint}")
-
-
 # --- main ------------------------------------------------------------------------------------------------
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in SUBCOMMANDS:
-        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    formats, options = _check_usage(args, parser)
+    formats = check_usage(args, parser)
+    try:
+        options = transcribe_options(args, parser)
+    except OptionError as exc:
+        error(PROG, exc)
+        return EXIT_USAGE
     items, failures = expand_inputs(args, parser)
     out_dir = Path(args.output_dir) if args.output_dir is not None else None
     if out_dir is not None:
         check_collisions(items, out_dir, parser)
     progress = Progress(sys.stderr, bar=sys.stderr.isatty() and not args.quiet, verbose=args.verbose)
     for line in failures:
-        progress.line(f"nanoasr: error: {line}")
-    try:
-        return _run(args, items, formats, options, out_dir, progress, failed=len(failures))
-    except KeyboardInterrupt:
-        progress.line("nanoasr: interrupted")
-        return 130
+        progress.error(line)
+    with library_warnings(progress.warning):
+        try:
+            return _run(args, items, formats, options, out_dir, progress, failed=len(failures))
+        finally:
+            progress.clear()  # also when interrupted: the interruption's line starts on a clean line
 
 
-def _check_usage(args, parser) -> tuple[tuple[str, ...], dict]:
-    from nanoasr.api import Options
-
+def check_usage(args, parser) -> tuple[str, ...]:
+    """The output formats; argparse's usage error for what only the command line can get wrong."""
     formats = parse_formats(args.output_format, parser)
     if args.output_dir is None and len(formats) > 1:
         parser.error("several output formats (or all) write files: give -o DIR")
     if args.skip_existing and args.output_dir is None:
         parser.error("--skip-existing needs -o DIR: it skips inputs whose files there exist")
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be at least 1; got {args.threads}")
-    if args.max_duration is not None and not (math.isfinite(args.max_duration) and args.max_duration > 0):
-        parser.error(f"--max-duration must be a positive number of seconds; got {args.max_duration}")
+    return formats
+
+
+def transcribe_options(args, parser) -> dict:
+    """Model.transcribe's options, checked by api.Options before any model is loaded (OptionError)."""
+    from nanoasr.api import Options
+
     hotwords = list(args.hotword)
     if args.hotwords_file is not None:
         hotwords += read_hotwords(args.hotwords_file, parser)
     options = dict(language=args.language, itn=args.itn, hotwords=tuple(hotwords), context=args.context,
                    reference=args.reference, max_new_tokens=args.max_new_tokens)
-    try:
-        Options(**options)
-    except NanoasrError as exc:
-        parser.error(str(exc))
-    return formats, options
+    Options(**options)
+    return options
 
 
 def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
     from nanoasr.api import Model
-
-    logging.getLogger("nanoasr.api").setLevel(logging.ERROR)  # its per-call warning; one line sums them up
 
     todo = [it for it in items if not (args.skip_existing and _outputs_exist(it, formats, out_dir))]
     for item in items:
         if item not in todo and args.verbose:
             progress.line(f"nanoasr: {item.label}: skipped, its outputs exist")
     if not todo:
-        return 1 if failed else 0
+        return EXIT_FAILED if failed else EXIT_OK
     start = time.perf_counter()
     try:
         model = Model.load(args.model, device=args.device, threads=args.threads)
     except NanoasrError as exc:
-        progress.line(f"nanoasr: error: {exc}")
-        return 1
+        progress.error(exc)
+        return EXIT_FAILED
     if args.verbose:
         progress.line(f"nanoasr: model loaded in {time.perf_counter() - start:.1f} s")
-    segments = []
-    files_cut = 0
     for index, item in enumerate(todo, 1):
-        transcript = _transcribe_one(model, item, index, len(todo), options, progress, args.max_duration)
+        progress.begin(index, len(todo), item.label)
+        transcript = _transcribe_one(model, item, options, progress, args.max_duration)
         if transcript is None:
             failed += 1
             continue
         try:
             _emit(transcript, item, formats, out_dir, progress)
         except OSError as exc:
-            progress.line(f"nanoasr: error: {item.label}: cannot write its output: {exc}")
+            progress.error(f"cannot write its output: {exc}")
             failed += 1
-            continue
-        segments.extend(transcript.segments)
-        files_cut += any(s.truncated for s in transcript.segments)
-    warning = truncation_warning(segments, files_cut)
-    if warning:
-        progress.line(warning)
-    progress.clear()
-    return 1 if failed else 0
+    return EXIT_FAILED if failed else EXIT_OK
 
 
-def _transcribe_one(model, item: Item, index: int, total: int, options: dict, progress,
-                    max_duration_s: float | None):
-    from nanoasr.audio.io import SAMPLE_RATE, load_audio
+def _transcribe_one(model, item: Item, options: dict, progress, max_duration_s: float | None):
+    from nanoasr.audio.io import decode_audio
 
     started = time.perf_counter()
     try:
-        wave = load_audio(item.source, max_duration_s=max_duration_s)
-        progress.start(index, total, item.label, len(wave) / SAMPLE_RATE)
-        transcript = model.transcribe(wave, sample_rate=SAMPLE_RATE, on_segment=progress.segment, **options)
+        audio = decode_audio(item.source, max_duration_s=max_duration_s)  # the model takes it as it is
+        progress.start(audio.duration_s)
+        transcript = model.transcribe(audio, on_segment=progress.segment, **options)
     except NanoasrError as exc:
-        message = str(exc)
-        named = message if message.startswith(item.label) else f"{item.label}: {message}"
-        progress.line(f"nanoasr: error: {named}")
+        progress.error(exc)
         return None
     if progress.verbose:
         progress.line(f"nanoasr: {item.label}: {transcript.duration_s:.1f} s of audio in "

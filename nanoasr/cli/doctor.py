@@ -1,7 +1,7 @@
 """nanoasr doctor: what this machine offers nanoasr, for bug reports and "why is it slow" questions.
 
 Versions, backends (CPU, CUDA/CuPy), BLAS and numba threads, CPU features, and the model that
-`--model` resolves to from local files (the doctor never downloads). Always exits 0.
+`--model` resolves to from local files (the doctor never downloads). Exits 0 (2 for a usage error).
 """
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import importlib.metadata
 import json
 import os
 import platform
-import sys
+
+from nanoasr.cli import EXIT_OK
 
 DISTRIBUTIONS = ("numpy", "numba", "llvmlite", "gguf", "safetensors", "tokenizers", "huggingface_hub",
                  "soundfile", "soxr", "threadpoolctl", "cupy-cuda12x", "cupy")
@@ -147,14 +148,11 @@ def format_text(data: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nanoasr doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model to look for (default: the default package)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    try:
-        args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
+    args = parser.parse_args(argv)
     data = report(args.model)
     print(json.dumps(data, indent=1, ensure_ascii=False) if args.json else format_text(data))
-    return 0
+    return EXIT_OK

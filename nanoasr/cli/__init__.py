@@ -1,0 +1,102 @@
+"""The command line: `nanoasr ...` and `python -m nanoasr ...` both run `main`, which picks the command.
+
+    transcribe.py  nanoasr AUDIO ...      (the default: no command word)
+    models.py      nanoasr models {list,info,download,remove}
+    convert.py     nanoasr convert SOURCE -o OUT.gguf
+    doctor.py      nanoasr doctor
+    serve.py       nanoasr serve
+
+Each command is a thin layer over the library: it parses its arguments, calls nanoasr and prints. Results
+go to stdout; progress, warnings and errors to stderr, one line each (`nanoasr[ COMMAND]: error: ...`).
+The library's warnings (its loggers and `warnings.warn`) are shown once each while a command runs, as
+`nanoasr: warning: ...` lines.
+
+Exit status, the same for every command:
+    0    done (--help and --version too; `doctor` always)
+    1    something asked for failed: an input, the model, a download, a conversion, the server's start.
+         Each failure is one stderr line; `transcribe` still processes the other inputs.
+    2    usage error: a bad command line, found before any work starts: argparse's usage and message, or
+         one line for an option value the library refuses (api.Options, the one validator of options)
+    130  interrupted (Ctrl-C)
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import math
+import sys
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+COMMANDS = ("models", "doctor", "convert", "serve")  # any other first argument is an input to transcribe
+LIBRARY = Path(__file__).resolve().parents[1]  # nanoasr/: where the warnings shown as the library's come from
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command (`argv` without the program name; default: sys.argv) and return its exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name, rest = (argv[0], argv[1:]) if argv and argv[0] in COMMANDS else ("transcribe", argv)
+    command = importlib.import_module(f"nanoasr.cli.{name}")
+    try:
+        return command.main(rest)
+    except SystemExit as exc:  # argparse: after a usage error, --help or --version
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except KeyboardInterrupt:
+        print("nanoasr: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def error(prog: str, message) -> None:
+    """One error line on stderr."""
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+
+
+def positive(kind):
+    """An argparse type: a finite number of `kind` greater than 0."""
+    def parse(text: str):
+        value = kind(text)
+        if not (0 < value < math.inf):  # also refuses nan and inf, which float() accepts
+            what = "a whole number" if kind is int else "a finite number"
+            raise argparse.ArgumentTypeError(f"must be {what} greater than 0; got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid int value" message
+    return parse
+
+
+class _LineHandler(logging.Handler):
+    def __init__(self, show):
+        super().__init__(logging.WARNING)
+        self.show = show
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.show(record.getMessage())
+
+
+@contextmanager
+def library_warnings(show):
+    """Inside the block, each warning the library logs (the `nanoasr` loggers) or raises with warnings.warn
+    is passed to `show(message)` once, and nowhere else. Both are put back as they were afterwards, so a
+    program that calls main() keeps its own logging setup."""
+    logger = logging.getLogger("nanoasr")
+    handler, propagate = _LineHandler(show), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False  # shown by `show`, not a second time by the root logger's handlers
+    try:
+        with warnings.catch_warnings():  # restores warnings.showwarning on the way out
+            others = warnings.showwarning
+
+            def showwarning(message, category, filename, lineno, file=None, line=None):
+                if Path(filename).resolve().is_relative_to(LIBRARY):
+                    show(str(message))
+                else:
+                    others(message, category, filename, lineno, file, line)
+
+            warnings.showwarning = showwarning
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate

@@ -1,0 +1,122 @@
+"""nanoasr convert: a checkpoint (directory, .gguf, FunASR model.pt or hub id) -> a nanoasr GGUF of one type.
+
+The per-tensor error table and the size summary go to stdout; progress, warnings and errors to stderr.
+Exit status as in nanoasr.cli.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from nanoasr.cli import EXIT_FAILED, EXIT_OK, error, library_warnings
+from nanoasr.errors import NanoasrError
+
+PROG = "nanoasr convert"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from nanoasr.convert import TARGETS
+
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("source",
+                        help="checkpoint directory, .gguf or FunASR model.pt file, "
+                             "or hub id org/name[@revision]")
+    parser.add_argument("--type", dest="target", choices=TARGETS, default="q8_0",
+                        help="GGUF type (mix) to write")
+    parser.add_argument("--output", "-o", required=True, help="the .gguf file to write")
+    parser.add_argument("--report", default=None, help="also save the per-tensor rows as JSON here")
+    parser.add_argument("--revision", default=None, help="hub revision to download and record as the source")
+    parser.add_argument("--repo", default=None,
+                        help="hub id to record as the source of a local directory "
+                             "(found from an HF cache path)")
+    parser.add_argument("--export-qwen3-gguf", metavar="OUT", default=None,
+                        help="also write the decoder alone as a stock llama.cpp qwen3 GGUF of the same type")
+    return parser
+
+
+def resolve(source: str, revision: str | None) -> tuple[Path, str | None, str | None]:
+    """(local path, repo, revision): what nanoasr.hub makes of `source` (local files with the provenance their
+    HF cache path or package manifest tells; hub ids downloaded), with `revision` for a local source that
+    tells none."""
+    from nanoasr import hub
+
+    resolved = hub.resolve(source, revision=revision)
+    return Path(resolved.path), resolved.repo, resolved.revision or revision
+
+
+def tensor_progress(stream):
+    """The writer's progress: one line rewritten in place on a terminal, else a line per tensor."""
+    live = stream.isatty()
+
+    def show(done: int, total: int, name: str, stored_type: str) -> None:
+        line = f"[{done}/{total}] {stored_type:>4} {name}"
+        if live:
+            line = f"\r{line}\033[K" + ("\n" if done == total else "")
+        else:
+            line += "\n"
+        stream.write(line)
+        stream.flush()
+
+    return show
+
+
+def format_table(rows: list[dict]) -> str:
+    width = max(len(r["name"]) for r in rows)
+    lines = [f"{'tensor':<{width}}  {'type':<5} {'shape':<14} {'bytes':>12} {'rel_rms':>10} {'max_abs':>10}"]
+    for r in rows:
+        errors = ("-", "-") if r["rel_rms"] is None else (f"{r['rel_rms']:.3e}", f"{r['max_abs']:.3e}")
+        lines.append(f"{r['name']:<{width}}  {r['type']:<5} {'x'.join(map(str, r['shape'])):<14} "
+                     f"{r['bytes']:>12,} {errors[0]:>10} {errors[1]:>10}")
+    return "\n".join(lines)
+
+
+def summary(input_bytes: int, output: Path, rows: list[dict]) -> str:
+    output_bytes = output.stat().st_size
+    counts = collections.Counter(r["type"] for r in rows)
+    worst = max((r for r in rows if r["rel_rms"] is not None), key=lambda r: r["rel_rms"], default=None)
+    lines = [f"input tensors: {input_bytes:,} bytes",
+             f"output file:   {output_bytes:,} bytes ({output_bytes / input_bytes:.3f} x input) {output}",
+             "tensor types:  " + ", ".join(f"{t} {n}" for t, n in sorted(counts.items()))]
+    if worst is not None:
+        lines.append(f"largest relative RMS error: {worst['rel_rms']:.3e} ({worst['name']}, {worst['type']})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    with library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)):
+        try:
+            run(args)
+        except NanoasrError as exc:
+            error(PROG, exc)
+            return EXIT_FAILED
+    return EXIT_OK
+
+
+def run(args) -> None:
+    """Read the source, write the GGUF (and the qwen3 export), print the table and the summary."""
+    from nanoasr import convert
+    from nanoasr.model.load import load_checkpoint
+
+    path, repo, revision = resolve(args.source, args.revision)
+    print(f"reading {path}", file=sys.stderr)
+    checkpoint = load_checkpoint(path)
+    repo = args.repo or repo or checkpoint.source.get("repo")
+    recorded = dict(checkpoint.source, repo=repo, revision=revision)
+    source = {k: v for k, v in recorded.items() if v is not None}
+    checkpoint = dataclasses.replace(checkpoint, source=source)
+    output, progress = Path(args.output), tensor_progress(sys.stderr)
+    rows = convert.write(output, checkpoint, args.target, report=True, progress=progress)
+    print(format_table(rows))
+    print(summary(sum(t.nbytes for t in checkpoint.tensors.values()), output, rows))
+    if args.report:
+        Path(args.report).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    if args.export_qwen3_gguf:
+        qwen3 = Path(args.export_qwen3_gguf)
+        convert.write_qwen3(qwen3, checkpoint, args.target, report=False, progress=progress)
+        print(f"qwen3 decoder: {qwen3.stat().st_size:,} bytes {qwen3}")

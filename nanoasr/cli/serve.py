@@ -1,0 +1,77 @@
+"""nanoasr serve: the OpenAI-compatible transcription server (nanoasr.server) on one model.
+
+FastAPI and uvicorn come with the `server` extra and are imported only when the server starts, so
+`nanoasr serve --help` and the install hint work without them. Exit status as in nanoasr.cli.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from nanoasr.backend import DEVICES
+from nanoasr.cli import EXIT_FAILED, EXIT_OK, error, library_warnings, positive
+from nanoasr.errors import NanoasrError
+
+PROG = "nanoasr serve"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="OpenAI-compatible transcription server",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default=None,
+                        help="checkpoint directory, .gguf or model.pt file, hub id or package name")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (loopback unless you say otherwise)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
+    parser.add_argument("--max-upload-mb", type=positive(float), default=25,
+                        help="largest accepted upload, MiB")
+    parser.add_argument("--max-queue", type=positive(int), default=16,
+                        help="requests uploading, waiting or running before new ones get 503")
+    parser.add_argument("--max-duration", type=positive(float), default=3600,
+                        help="longest accepted audio, seconds (longer gets 413)")
+    parser.add_argument("--read-timeout", type=positive(float), default=30,
+                        help="seconds an upload may send no data before it gets 408 and is discarded")
+    parser.add_argument("--upload-dir", default=None,
+                        help="directory in which the server makes its own directory for uploads in progress "
+                             "(default: the system's temporary directory)")
+    parser.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
+    parser.add_argument("--threads", type=positive(int), default=None, help="CPU threads")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.upload_dir is not None and not os.path.isdir(args.upload_dir):
+        parser.error(f"--upload-dir {args.upload_dir}: not a directory")
+    try:
+        import fastapi  # noqa: F401
+        import python_multipart  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        error(PROG, f"the server needs the 'server' extra ({exc.name} is missing): "
+                    'pip install "nanoasr[server]"')
+        return EXIT_FAILED
+    with library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)):
+        app = _app(args)
+        if app is None:
+            return EXIT_FAILED
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return EXIT_OK
+
+
+def _app(args):
+    """The app on the loaded model, or None after an error line when the model does not load."""
+    from nanoasr.api import Model
+    from nanoasr.server.app import create_app
+
+    try:
+        model = Model.load(args.model, device=args.device, threads=args.threads)
+    except NanoasrError as exc:
+        error(PROG, exc)
+        return None
+    return create_app(model, api_key=args.api_key, max_upload_mb=args.max_upload_mb, max_queue=args.max_queue,
+                      max_duration_s=args.max_duration, read_timeout_s=args.read_timeout,
+                      upload_dir=args.upload_dir)
