@@ -18,11 +18,10 @@ from nanoasr.errors import ModelError
 from nanoasr.formats import gguf_read
 from nanoasr.formats.gguf_vocab import tokenizer_files
 from nanoasr.model.checkpoint import Checkpoint, validate
-from nanoasr.model import config as config_mod
 from nanoasr.model.config import Config
 from nanoasr.model.funasr import funasr_layout
 from nanoasr.model.layouts import qwen3_names, to_logical
-from nanoasr.model.shapes import config_from_shapes, layer_count
+from nanoasr.model.shapes import config_from_shapes, layer_count, with_metadata
 from nanoasr.tensor import StoredTensor
 
 ENCODER_ARCH = "funasr-sensevoice-encoder"
@@ -42,14 +41,13 @@ ENCODER_KEYS = {
     "funasr.adp.attention_heads": ("adaptor", "num_attention_heads"),
 }
 FIXED_KEYS = {"funasr.enc.sanm_shfit": 0, "funasr.adp.downsample_rate": 1, "funasr.frontend.lfr_n": 6}
-DECODER_KEYS = {  # qwen3 key -> TextConfig field
-    "qwen3.attention.head_count": "num_attention_heads",
-    "qwen3.attention.head_count_kv": "num_key_value_heads",
-    "qwen3.attention.layer_norm_rms_epsilon": "rms_norm_eps",
-    "qwen3.rope.freq_base": "rope_theta",
-    "qwen3.context_length": "max_position_embeddings",
+DECODER_KEYS = {
+    "qwen3.attention.head_count": ("text", "num_attention_heads"),
+    "qwen3.attention.head_count_kv": ("text", "num_key_value_heads"),
+    "qwen3.attention.layer_norm_rms_epsilon": ("text", "rms_norm_eps"),
+    "qwen3.rope.freq_base": ("text", "rope_theta"),
+    "qwen3.context_length": ("text", "max_position_embeddings"),
 }
-HEAD_KEYS = {"funasr.enc.attention_heads", "funasr.adp.attention_heads"}  # the values shapes cannot tell
 
 
 def architecture(path: Path) -> str | None:
@@ -96,42 +94,23 @@ def _decoder_tensors(tensors: dict[str, StoredTensor], where: str) -> dict[str, 
     return {logical_of[name]: t for name, t in tensors.items()}
 
 
-def _stated(values: dict, key: str, where: str):
-    """A number from the metadata; a float as the shortest decimal of its float32 (GGUF stores eps and the
-    RoPE base as float32: 1e-6 is read back as 1e-6, not 9.99999997e-7)."""
-    value = values.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ModelError(f"{where}: metadata {key} must be a number, found {value!r}")
-    return float(str(np.float32(value))) if isinstance(value, float) else value
-
-
 def _config(tensors: dict, encoder_values: dict, decoder_values: dict, where: tuple[str, str]) -> Config:
-    """Shapes give the sizes; the files' keys give the head counts, eps and RoPE base, and must agree with
-    the shapes everywhere else."""
-    config, _ = config_from_shapes(tensors, decoder_values.get("tokenizer.ggml.tokens"), where[1])
-    sections = {"audio": config.audio, "adaptor": config.adaptor, "text": config.text}
+    """Sizes from the shapes; head counts, eps, RoPE base and context from the two files' keys, which must
+    agree with the shapes everywhere else."""
+    config, assumed = config_from_shapes(tensors, decoder_values.get("tokenizer.ggml.tokens"), where[1])
     for key, expected in FIXED_KEYS.items():
-        if key in encoder_values and _stated(encoder_values, key, where[0]) != expected:
-            raise ModelError(f"{where[0]}: metadata {key} is {encoder_values[key]}, only {expected} is "
+        if key in encoder_values and encoder_values[key] != expected:
+            raise ModelError(f"{where[0]}: metadata {key} is {encoder_values[key]!r}, only {expected} is "
                              f"supported")
-    for key, (section, field) in ENCODER_KEYS.items():
-        value = _stated(encoder_values, key, where[0])
-        if key in HEAD_KEYS:
-            sections[section] = dataclasses.replace(sections[section], **{field: value})
-        elif value != getattr(sections[section], field):
-            raise ModelError(f"{where[0]}: metadata {key} is {value}, but the tensors say "
-                             f"{getattr(sections[section], field)} ({section} {field})")
+    config = with_metadata(config, assumed, encoder_values, ENCODER_KEYS, where[0])
+    config = with_metadata(config, assumed, decoder_values, DECODER_KEYS, where[1])
     main_blocks = config.audio.num_hidden_layers - config.audio.num_timestamp_prediction_layers
-    if _stated(encoder_values, "funasr.enc.num_blocks", where[0]) != main_blocks:
-        raise ModelError(f"{where[0]}: metadata funasr.enc.num_blocks is "
-                         f"{encoder_values['funasr.enc.num_blocks']}, but the tensors hold {main_blocks} "
-                         f"(encoders0 + encoders)")
-    stated = {field: _stated(decoder_values, key, where[1]) for key, field in DECODER_KEYS.items()}
-    tied = "lm_head.weight" not in tensors
-    text = dataclasses.replace(sections["text"], **stated, tie_word_embeddings=tied)
-    config = Config(sections["audio"], sections["adaptor"], text, config.audio_token_id)
-    config_mod.check(config, f"{where[0]} + {where[1]}")
-    return config
+    stated = encoder_values.get("funasr.enc.num_blocks")
+    if stated != main_blocks:
+        raise ModelError(f"{where[0]}: metadata funasr.enc.num_blocks is {stated!r}, but the tensors hold "
+                         f"{main_blocks} (encoders0 + encoders)")
+    text = dataclasses.replace(config.text, tie_word_embeddings="lm_head.weight" not in tensors)
+    return dataclasses.replace(config, text=text)
 
 
 def load_pair(encoder: Path, decoder: Path) -> Checkpoint:
