@@ -51,11 +51,6 @@ def test_greedy_ids_equal_the_original(converted, reference):
     assert ids == ref["greedy_ids"][:TOKENS].tolist() and len(set(ids)) > 5
 
 
-def test_the_multilingual_variant_is_recorded(tiny_dir, tmp_path):
-    path = transcribe_cpp.write(tiny_dir, tmp_path / "mlt.gguf", "fun-asr-mlt-nano-2512")
-    assert load_checkpoint(path).source["variant"] == "fun-asr-mlt-nano-2512"
-
-
 def write_with(tiny_dir, path, monkeypatch, method: str, key: str, value):
     """The converter's file with one metadata value replaced as it is written."""
     original = getattr(gguf.GGUFWriter, method)
@@ -72,6 +67,8 @@ def write_with(tiny_dir, path, monkeypatch, method: str, key: str, value):
     ("add_string", "stt.variant", "fun-asr-nano-2609", r"stt.variant 'fun-asr-nano-2609' is not a Fun-ASR"),
     ("add_uint32", "stt.funasr_nano.encoder.sanm_shift", 1, r"encoder.sanm_shift is 1, only 0 is supported"),
     ("add_bool", "stt.frontend.apply_cmvn", True, r"apply_cmvn is True, only False is supported"),
+    ("add_bool", "stt.funasr_nano.adaptor.use_low_frame_rate", False,
+     r"use_low_frame_rate is false: every audio frame goes to the decoder, as Fun-ASR-MLT-Nano is"),
     ("add_uint32", "stt.funasr_nano.encoder.d_model", 512,
      r"metadata stt.funasr_nano.encoder.d_model is 512, but the tensors say 32 \(audio hidden_size\)"),
     ("add_uint32", "stt.funasr_nano.decoder.n_kv_heads", 4,
