@@ -3,8 +3,9 @@
 A nanoasr GGUF keeps the logical tensor names and carries everything a checkpoint directory holds: every
 typed-config field as `fun_asr_nano.<section>.<field>`, the checkpoint's text files verbatim as strings,
 and `tokenizer.ggml.*` arrays so generic GGUF tools see the vocabulary. docs/gguf.md lists every key.
-Other GGUFs of the model are read too: transcribe.cpp's (nanoasr.model.transcribe_cpp), and others with the
-logical names: config from an embedded config.json, else from the tensor shapes.
+Other GGUFs of the model are read too: transcribe.cpp's and CrispASR's (nanoasr.model.transcribe_cpp,
+nanoasr.model.crispasr), and others with the logical names: config from an embedded config.json, else from
+the tensor shapes.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from nanoasr.formats import gguf_read
 from nanoasr.formats.gguf_vocab import tokenizer_files
 from nanoasr.model import config as config_mod
 from nanoasr.model.checkpoint import Checkpoint, validate
-from nanoasr.model import transcribe_cpp
+from nanoasr.model import crispasr, transcribe_cpp
 from nanoasr.model.config import SECTIONS, Config
 from nanoasr.model.shapes import config_from_shapes
 
@@ -96,6 +97,9 @@ def load_gguf(path: str | Path) -> Checkpoint:
     path = Path(path)
     where = str(path)
     values, tensors = gguf_read.read(path)
+    arch = values.get(Keys.General.ARCHITECTURE)
+    if arch in crispasr.ARCHES:
+        values = crispasr.with_token_types(values)
     files = tokenizer_files(values, _embedded_files(values), where)
     source = _source(values, path)
     if SCHEMA_KEY in values:
@@ -103,9 +107,12 @@ def load_gguf(path: str | Path) -> Checkpoint:
             raise ModelError(f"{where}: {SCHEMA_KEY} {values[SCHEMA_KEY]} is not supported "
                              f"(this nanoasr reads {SCHEMA_VERSION})")
         config = _config_from_keys(values, where)
-    elif values.get(Keys.General.ARCHITECTURE) == transcribe_cpp.ARCH:
+    elif arch == transcribe_cpp.ARCH:
         config, tensors = transcribe_cpp.read(values, tensors, where)
         source.update(format="transcribe.cpp gguf", variant=values["stt.variant"])
+    elif arch in crispasr.ARCHES:
+        config, tensors = crispasr.read(values, tensors, where)
+        source.update(format="CrispASR gguf")
     else:
         config = _third_party_config(values, files, tensors, where)
     validate(tensors, config, where)

@@ -106,7 +106,7 @@ def _is_old_hf(names) -> bool:
     return any(marker in n for n in names for marker in markers)
 
 
-def _split_fused_qkv(name: str, t: StoredTensor) -> dict[str, StoredTensor]:
+def split_fused_qkv(name: str, t: StoredTensor) -> dict[str, StoredTensor]:
     """FunASR's linear_q_k_v [3D, in] (and bias [3D]) -> q_proj, k_proj, v_proj rows (views, no copy).
     Block-quantized matrices split the same way: their blocks run along a row, and data holds one row each."""
     whole_rows = t.dtype in DENSE_TYPES or (len(t.shape) == 2 and t.data.shape[0] == t.shape[0])
@@ -137,7 +137,7 @@ def to_logical(tensors: dict[str, StoredTensor], config: Config) -> dict[str, St
             continue
         logical = mapper(name, config) if mapper else name
         if "linear_q_k_v" in logical:
-            out.update(_split_fused_qkv(logical, t))
+            out.update(split_fused_qkv(logical, t))
         else:
             out[logical] = t
     return out
