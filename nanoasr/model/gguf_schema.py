@@ -3,9 +3,9 @@
 A nanoasr GGUF keeps the logical tensor names and carries everything a checkpoint directory holds: every
 typed-config field as `fun_asr_nano.<section>.<field>`, the checkpoint's text files verbatim as strings,
 and `tokenizer.ggml.*` arrays so generic GGUF tools see the vocabulary. docs/gguf.md lists every key.
-Other GGUFs of the model are read too: transcribe.cpp's and CrispASR's (nanoasr.model.transcribe_cpp,
-nanoasr.model.crispasr), and others with the logical names: config from an embedded config.json, else from
-the tensor shapes.
+Other GGUFs of the model are read too: transcribe.cpp's, CrispASR's and audio.cpp's (nanoasr.model.
+transcribe_cpp, crispasr, audiocpp), and others with the logical names: config from an embedded config.json,
+else from the tensor shapes.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from nanoasr.formats import gguf_read
 from nanoasr.formats.gguf_vocab import tokenizer_files
 from nanoasr.model import config as config_mod
 from nanoasr.model.checkpoint import Checkpoint, validate
-from nanoasr.model import crispasr, transcribe_cpp
+from nanoasr.model import audiocpp, crispasr, transcribe_cpp
 from nanoasr.model.config import SECTIONS, Config
+from nanoasr.model.layouts import to_logical
 from nanoasr.model.shapes import config_from_shapes
 
 ARCH = "fun_asr_nano"
@@ -98,9 +99,14 @@ def load_gguf(path: str | Path) -> Checkpoint:
     where = str(path)
     values, tensors = gguf_read.read(path)
     arch = values.get(Keys.General.ARCHITECTURE)
+    embedded = _embedded_files(values)
     if arch in crispasr.ARCHES:
         values = crispasr.with_token_types(values)
-    files = tokenizer_files(values, _embedded_files(values), where)
+    elif arch == audiocpp.ARCH:
+        audiocpp.check_family(values, where)
+        tensors = audiocpp.logical_tensors(values, tensors, where)
+        embedded = dict(audiocpp.embedded_files(values, where), **embedded)
+    files = tokenizer_files(values, embedded, where)
     source = _source(values, path)
     if SCHEMA_KEY in values:
         if values[SCHEMA_KEY] != SCHEMA_VERSION:
@@ -113,6 +119,10 @@ def load_gguf(path: str | Path) -> Checkpoint:
     elif arch in crispasr.ARCHES:
         config, tensors = crispasr.read(values, tensors, where)
         source.update(format="CrispASR gguf")
+    elif arch == audiocpp.ARCH:
+        config = _third_party_config(values, files, tensors, where)
+        tensors = to_logical(tensors, config)
+        source.update(format="audio.cpp gguf")
     else:
         config = _third_party_config(values, files, tensors, where)
     validate(tensors, config, where)
