@@ -114,12 +114,14 @@ class Model:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, model=None, device: str = "cpu", threads: int | None = None, **resolve_options) -> "Model":
-        """`model`: a checkpoint directory or .gguf path, a hub id `org/repo[@rev]`, or a package name."""
+    def load(cls, model=None, device: str = "cpu", threads: int | None = None, llm=None,
+             **resolve_options) -> "Model":
+        """`model`: a checkpoint directory or .gguf path, a hub id `org/repo[@rev]`, or a package name;
+        `llm`: the decoder GGUF when `model` is the encoder file of FunASR's llama.cpp runtime."""
         from nanoasr import hub
 
         resolved = hub.resolve(model, **resolve_options)
-        checkpoint = load_checkpoint(resolved.path)
+        checkpoint = load_checkpoint(resolved.path, llm)
         source = dict(checkpoint.source, repo=resolved.repo, revision=resolved.revision)
         if resolved.package is not None:
             source.update(license=resolved.package.license, package=resolved.package.name)

@@ -19,8 +19,9 @@ from nanoasr.formats.gguf_write import Progress
 from nanoasr.formats.gguf_read import GGML_TYPES
 from nanoasr.formats.gguf_vocab import add_vocab
 from nanoasr.model.checkpoint import Checkpoint, validate
-from nanoasr.model.config import SECTIONS, Config, TextConfig
+from nanoasr.model.config import SECTIONS, TextConfig
 from nanoasr.model.gguf_schema import ARCH, FILE_KEYS, SCHEMA_KEY, SCHEMA_VERSION
+from nanoasr.model.layouts import qwen3_names
 from nanoasr.model.spec import expected_tensors, spec
 from nanoasr.quant import quantize
 from nanoasr.storage import bf16_to_f32
@@ -170,26 +171,6 @@ def write(path: str | Path, checkpoint: Checkpoint, target: str = "f16", report:
 
 # --- stock llama.cpp qwen3 export of the decoder ---------------------------------------------------------
 
-QWEN3_LAYER_NAMES = {  # logical suffix in model.language_model.layers.{i} -> llama.cpp blk.{i} suffix
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight", "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-}
-
-
-def qwen3_names(config: Config) -> dict[str, str]:
-    """Logical decoder name -> llama.cpp qwen3 name (the LM head is tied: token_embd serves as output)."""
-    names = {"model.language_model.embed_tokens.weight": "token_embd.weight",
-             "model.language_model.norm.weight": "output_norm.weight"}
-    for i in range(config.text.num_hidden_layers):
-        for logical, ours in QWEN3_LAYER_NAMES.items():
-            names[f"model.language_model.layers.{i}.{logical}"] = f"blk.{i}.{ours}"
-    return names
-
-
 def _add_qwen3_hparams(w: GGUFWriter, t: TextConfig) -> None:
     w.add_context_length(t.max_position_embeddings)
     w.add_embedding_length(t.hidden_size)
@@ -208,7 +189,7 @@ def write_qwen3(path: str | Path, checkpoint: Checkpoint, target: str = "f16", r
     """The decoder alone as a stock llama.cpp `qwen3` GGUF (to benchmark llama.cpp on the same weights)."""
     validate(checkpoint.tensors, checkpoint.config, "checkpoint to export")
     types = storage_types(checkpoint, target)
-    names = qwen3_names(checkpoint.config)
+    names = qwen3_names(checkpoint.config.text.num_hidden_layers)
     items = [(ours, logical, checkpoint.tensors[logical]) for logical, ours in names.items()]
 
     def add_metadata(w: GGUFWriter) -> None:

@@ -27,7 +27,7 @@ YAML_ADAPTOR = {"attention_heads": "num_attention_heads", "n_layer": "num_hidden
 YAML_FRONTEND = {"n_mels": "num_mel_bins", "lfr_m": "num_stacked_frames"}
 
 
-def _funasr_layout(names) -> Config:
+def funasr_layout(names) -> Config:
     """The encoder layer counts FunASR's names show (encoders0, encoders, tp_encoders): enough to map them."""
     main = layer_count(names, "audio_encoder.encoders.")
     timestamp = layer_count(names, "audio_encoder.tp_encoders.")
@@ -134,7 +134,7 @@ def load_funasr(weights: Path) -> Checkpoint:
         raise ModelError(f"{where}: no audio_encoder.* tensors; expected FunASR's Fun-ASR-Nano state dict "
                          f"(audio_encoder, audio_adaptor, llm)")
     files = _qwen_files(weights.parent)
-    tensors = _drop_tied_head(to_logical(raw, _funasr_layout(raw)))
+    tensors = _drop_tied_head(to_logical(raw, funasr_layout(raw)))
     config = _funasr_config(weights.parent, tensors, where)
     validate(tensors, config, where)
     return Checkpoint(config, tensors, files, {"path": where, "format": "model.pt"})

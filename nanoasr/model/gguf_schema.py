@@ -3,7 +3,9 @@
 A nanoasr GGUF keeps the logical tensor names and carries everything a checkpoint directory holds: every
 typed-config field as `fun_asr_nano.<section>.<field>`, the checkpoint's text files verbatim as strings,
 and `tokenizer.ggml.*` arrays so generic GGUF tools see the vocabulary. docs/gguf.md lists every key.
-Other GGUFs of the model are read too: config from an embedded config.json, else from the tensor shapes.
+Other GGUFs of the model are read too: transcribe.cpp's, CrispASR's and audio.cpp's (nanoasr.model.
+transcribe_cpp, crispasr, audiocpp), and others with the logical names: config from an embedded config.json,
+else from the tensor shapes.
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from nanoasr.formats import gguf_read
 from nanoasr.formats.gguf_vocab import tokenizer_files
 from nanoasr.model import config as config_mod
 from nanoasr.model.checkpoint import Checkpoint, validate
+from nanoasr.model import audiocpp, crispasr, transcribe_cpp
 from nanoasr.model.config import SECTIONS, Config
+from nanoasr.model.layouts import to_logical
 from nanoasr.model.shapes import config_from_shapes
 
 ARCH = "fun_asr_nano"
@@ -94,13 +98,32 @@ def load_gguf(path: str | Path) -> Checkpoint:
     path = Path(path)
     where = str(path)
     values, tensors = gguf_read.read(path)
-    files = tokenizer_files(values, _embedded_files(values), where)
+    arch = values.get(Keys.General.ARCHITECTURE)
+    embedded = _embedded_files(values)
+    if arch in crispasr.ARCHES:
+        values = crispasr.with_token_types(values)
+    elif arch == audiocpp.ARCH:
+        audiocpp.check_family(values, where)
+        tensors = audiocpp.logical_tensors(values, tensors, where)
+        embedded = dict(audiocpp.embedded_files(values, where), **embedded)
+    files = tokenizer_files(values, embedded, where)
+    source = _source(values, path)
     if SCHEMA_KEY in values:
         if values[SCHEMA_KEY] != SCHEMA_VERSION:
             raise ModelError(f"{where}: {SCHEMA_KEY} {values[SCHEMA_KEY]} is not supported "
                              f"(this nanoasr reads {SCHEMA_VERSION})")
         config = _config_from_keys(values, where)
+    elif arch == transcribe_cpp.ARCH:
+        config, tensors = transcribe_cpp.read(values, tensors, where)
+        source.update(format="transcribe.cpp gguf", variant=values["stt.variant"])
+    elif arch in crispasr.ARCHES:
+        config, tensors = crispasr.read(values, tensors, where)
+        source.update(format="CrispASR gguf")
+    elif arch == audiocpp.ARCH:
+        config = _third_party_config(values, files, tensors, where)
+        tensors = to_logical(tensors, config)
+        source.update(format="audio.cpp gguf")
     else:
         config = _third_party_config(values, files, tensors, where)
     validate(tensors, config, where)
-    return Checkpoint(config, tensors, files, _source(values, path))
+    return Checkpoint(config, tensors, files, source)

@@ -2,7 +2,7 @@
 
 Older Hub revisions (`stem`, `layers`, `timestamp_prediction_layers`, `self_attn_layer_norm`, ...) and the
 original FunASR names (`audio_encoder.encoders0.0...`, fused `linear_q_k_v`, `audio_adaptor.blocks...`,
-`llm.model...`).
+`llm.model...`), and llama.cpp's qwen3 names for the decoder (`token_embd`, `blk.N.attn_q`, ...).
 """
 from __future__ import annotations
 
@@ -26,6 +26,24 @@ _SUBLAYER_OLD_HF = [
     (".self_attn_layer_norm.", ".input_layernorm."), (".final_layer_norm.", ".post_attention_layernorm."),
     (".self_attn.out_proj.", ".self_attn.o_proj."), (".fc1.", ".mlp.fc1."), (".fc2.", ".mlp.fc2."),
 ]
+QWEN3_LAYER_NAMES = {  # logical suffix in model.language_model.layers.{i} -> llama.cpp blk.{i} suffix
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight", "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+}
+
+
+def qwen3_names(n_layers: int) -> dict[str, str]:
+    """Logical decoder name -> llama.cpp qwen3 name (the LM head is tied: token_embd serves as output)."""
+    names = {"model.language_model.embed_tokens.weight": "token_embd.weight",
+             "model.language_model.norm.weight": "output_norm.weight"}
+    for i in range(n_layers):
+        for logical, ours in QWEN3_LAYER_NAMES.items():
+            names[f"model.language_model.layers.{i}.{logical}"] = f"blk.{i}.{ours}"
+    return names
 
 
 def _replace_all(name: str, pairs) -> str:
@@ -88,10 +106,12 @@ def _is_old_hf(names) -> bool:
     return any(marker in n for n in names for marker in markers)
 
 
-def _split_fused_qkv(name: str, t: StoredTensor) -> dict[str, StoredTensor]:
-    """FunASR's linear_q_k_v [3D, in] (and bias [3D]) -> q_proj, k_proj, v_proj rows (views, no copy)."""
-    if t.dtype not in DENSE_TYPES or t.shape[0] % 3:
-        raise ModelError(f"tensor {name}: a fused q/k/v needs a float tensor with 3*D rows, found {t.dtype} "
+def split_fused_qkv(name: str, t: StoredTensor) -> dict[str, StoredTensor]:
+    """FunASR's linear_q_k_v [3D, in] (and bias [3D]) -> q_proj, k_proj, v_proj rows (views, no copy).
+    Block-quantized matrices split the same way: their blocks run along a row, and data holds one row each."""
+    whole_rows = t.dtype in DENSE_TYPES or (len(t.shape) == 2 and t.data.shape[0] == t.shape[0])
+    if not whole_rows or t.shape[0] % 3:
+        raise ModelError(f"tensor {name}: a fused q/k/v needs 3*D whole rows, found {t.dtype} "
                          f"{list(t.shape)}")
     d = t.shape[0] // 3
     out = {}
@@ -117,7 +137,7 @@ def to_logical(tensors: dict[str, StoredTensor], config: Config) -> dict[str, St
             continue
         logical = mapper(name, config) if mapper else name
         if "linear_q_k_v" in logical:
-            out.update(_split_fused_qkv(logical, t))
+            out.update(split_fused_qkv(logical, t))
         else:
             out[logical] = t
     return out

@@ -11,6 +11,7 @@ from nanoasr.model import config as config_mod
 from nanoasr.model.checkpoint import TEXT_FILES, Checkpoint, read_json, read_text, validate
 from nanoasr.model.config import Config
 from nanoasr.model.funasr import load_funasr
+from nanoasr.model.funasr_llamacpp import DECODER_ARCH, ENCODER_ARCH, architecture, load_pair
 from nanoasr.model.gguf_schema import load_gguf
 from nanoasr.model.layouts import to_logical
 
@@ -49,31 +50,71 @@ def _file_magic(path: Path) -> bytes:
         raise ModelError(f"{path}: cannot be read ({exc})") from None
 
 
-def _load_file(path: Path) -> Checkpoint:
+def _load_gguf(path: Path, llm: Path | None) -> Checkpoint:
+    """One GGUF, or FunASR's llama.cpp encoder file with its decoder file `llm`."""
+    arch = architecture(path)
+    if arch == ENCODER_ARCH:
+        if llm is None:
+            raise ModelError(f"{path}: the encoder file of FunASR's llama.cpp runtime; give its decoder file "
+                             f"too (--llm QWEN3.gguf), or a directory that holds both")
+        return load_pair(path, Path(llm))
+    if llm is not None:
+        raise ModelError(f"{path}: --llm is only for the encoder file of FunASR's llama.cpp runtime "
+                         f"(general.architecture {ENCODER_ARCH!r}), found {arch!r}")
+    if arch == DECODER_ARCH:
+        raise ModelError(f"{path}: a llama.cpp qwen3 GGUF holds the decoder only; give FunASR's encoder GGUF "
+                         f"as the model and this file as --llm, or a directory that holds both")
+    return load_gguf(path)
+
+
+def _load_file(path: Path, llm: Path | None) -> Checkpoint:
     """A GGUF or a torch.save archive, told apart by their first bytes (a .gguf name goes to the GGUF reader,
     which names what is wrong with it)."""
     magic = _file_magic(path)
     if magic == b"GGUF" or path.suffix.lower() == ".gguf":
-        return load_gguf(path)
+        return _load_gguf(path, llm)
+    if llm is not None:
+        raise ModelError(f"{path}: --llm is only for the encoder file of FunASR's llama.cpp runtime")
     if magic == b"PK\x03\x04":  # a zip: torch.save's format
         return load_funasr(path)
     raise ModelError(f"{path}: expected a GGUF file or a torch.save archive (model.pt), "
                      f"found a file starting with {magic!r}")
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """A safetensors checkpoint directory, a .gguf file, or FunASR's model.pt (the file, or a directory that
-    holds it) -> validated Checkpoint (weights memory-mapped)."""
+def _gguf_folder(path: Path) -> Checkpoint:
+    """A directory of GGUF files: FunASR's llama.cpp pair (encoder + qwen3 decoder), or a single GGUF."""
+    files = sorted(path.glob("*.gguf"))
+    by_arch: dict[str | None, list[Path]] = {}
+    for f in files:
+        by_arch.setdefault(architecture(f), []).append(f)
+    encoders, decoders = by_arch.get(ENCODER_ARCH, []), by_arch.get(DECODER_ARCH, [])
+    if len(encoders) == 1 and len(decoders) == 1:
+        return load_pair(encoders[0], decoders[0])
+    if len(files) == 1:
+        return _load_gguf(files[0], None)
+    raise ModelError(f"{path}: expected one model in the directory: a config.json checkpoint, model.pt, one "
+                     f"GGUF, or FunASR's llama.cpp encoder + decoder GGUFs; found {len(files)} GGUF file(s) "
+                     f"({', '.join(f.name for f in files)})")
+
+
+def load_checkpoint(path: str | Path, llm: str | Path | None = None) -> Checkpoint:
+    """A safetensors checkpoint directory, a .gguf file, FunASR's model.pt (the file, or a directory that
+    holds it), or FunASR's llama.cpp encoder GGUF with its decoder GGUF `llm` (or a directory holding both)
+    -> validated Checkpoint (weights memory-mapped)."""
     path = Path(path)
     if path.is_file():
-        return _load_file(path)
+        return _load_file(path, llm)
     if not path.exists():
         raise ModelError(f"{path}: no such model directory, .gguf or model.pt file")
     if not path.is_dir():
         raise ModelError(f"{path}: expected a checkpoint directory, a .gguf file or a model.pt file")
+    if llm is not None:
+        raise ModelError(f"{path}: --llm needs the encoder GGUF file as the model, not a directory")
     safetensors_files = ("model.safetensors", "model.safetensors.index.json")
     if (path / "model.pt").is_file() and not any((path / n).exists() for n in safetensors_files):
         return load_funasr(path / "model.pt")
+    if not (path / "config.json").exists() and any(path.glob("*.gguf")):
+        return _gguf_folder(path)
     config = load_config(path / "config.json")
     files = {name: read_text(path / name) for name in TEXT_FILES if (path / name).is_file()}
     if "tokenizer.json" not in files:

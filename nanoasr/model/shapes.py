@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
+
 from nanoasr.errors import ModelError
 from nanoasr.model import config as config_mod
 from nanoasr.model.config import SECTIONS, AudioConfig, Config
@@ -73,3 +75,31 @@ def config_from_shapes(tensors: dict[str, StoredTensor], tokens: list[str] | Non
     config = Config(sections["audio"], sections["adaptor"], sections["text"], audio_token_id)
     config_mod.check(config, where)
     return config, assumed
+
+
+def _metadata_number(values: dict, key: str, where: str):
+    """A number or bool from a file's metadata; a float as the shortest decimal of its float32 (GGUF stores
+    eps and the RoPE base as float32: 1e-6 reads back as 1e-6, not 9.99999997e-7)."""
+    value = values.get(key)
+    if not isinstance(value, (bool, int, float)):
+        raise ModelError(f"{where}: metadata {key} must be a number, found {value!r}")
+    return float(str(np.float32(value))) if isinstance(value, float) else value
+
+
+def with_metadata(config: Config, assumed: list[str], values: dict, keys: dict[str, tuple[str, str]],
+                  where: str) -> Config:
+    """`config` (from shapes, `assumed` its undetermined fields) with the fields `keys` names (metadata key
+    -> (section, field)) taken from `values`: fields the shapes left open (head counts, eps, RoPE base,
+    context) are set, every other one must agree with the shapes."""
+    open_fields = {a.split("=")[0] for a in assumed}
+    sections = {section: getattr(config, section) for section, _ in SECTIONS}
+    for key, (section, field) in keys.items():
+        value = _metadata_number(values, key, where)
+        if f"{section}.{field}" in open_fields:
+            sections[section] = dataclasses.replace(sections[section], **{field: value})
+        elif value != getattr(sections[section], field):
+            raise ModelError(f"{where}: metadata {key} is {value}, but the tensors say "
+                             f"{getattr(sections[section], field)} ({section} {field})")
+    out = Config(sections["audio"], sections["adaptor"], sections["text"], config.audio_token_id)
+    config_mod.check(out, where)
+    return out
