@@ -82,7 +82,7 @@ def write_with(tiny_dir, path, monkeypatch, key: str, value):
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("audiocpp.model_spec.family", "qwen3_asr", r"audio.cpp GGUF of family .qwen3_asr.; expected"),
+    ("audiocpp.model_spec.family", "qwen3_asr", r"an audio.cpp GGUF of family .qwen3_asr.; expected"),
     ("audiocpp.embedded_files.offsets", [0, 5], r"audiocpp.embedded_files: expected names, offsets"),
     ("audiocpp.tensor_names", ["model.audio_tower.layers.0.self_attn.q_proj.weight"],
      r"audiocpp.tensor_names must list one name per tensor"),

@@ -157,3 +157,24 @@ def test_each_file_alone_is_refused_with_what_to_give(pair):
         load_checkpoint(pair / DECODER_FILE)
     with pytest.raises(ModelError, match=r"expected the decoder file .* found 'funasr-sensevoice-encoder'"):
         load_checkpoint(pair / ENCODER_FILE, llm=pair / ENCODER_FILE)
+
+
+def test_the_command_line_takes_the_pair_to_transcribe_and_to_convert(pair, original, tmp_path, capsys):
+    import json
+
+    import soundfile
+
+    from nanoasr import cli
+
+    wav = tmp_path / "clip.wav"
+    soundfile.write(wav, cases(REFS, "funasr")["short"]["wave"], 16000)
+    status = cli.main([str(wav), "--model", str(pair / ENCODER_FILE), "--llm", str(pair / DECODER_FILE),
+                       "--max-new-tokens", "4", "-f", "json", "-q"])
+    assert status == 0 and json.loads(capsys.readouterr().out)["segments"]
+    out = tmp_path / "converted.gguf"
+    assert cli.main(["convert", str(pair / ENCODER_FILE), "--llm", str(pair / DECODER_FILE), "--type", "f32",
+                     "-o", str(out)]) == 0
+    converted = load_checkpoint(out)
+    assert converted.config == original.config
+    for name, t in original.tensors.items():
+        np.testing.assert_array_equal(widen(converted.tensors[name]), widen(t), err_msg=name)

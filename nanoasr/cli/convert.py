@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("source",
                         help="checkpoint directory, .gguf or FunASR model.pt file, "
                              "or hub id org/name[@revision]")
+    parser.add_argument("--llm", default=None, metavar="QWEN3.gguf",
+                        help="the decoder GGUF when the source is FunASR's llama.cpp encoder GGUF")
     parser.add_argument("--type", dest="target", choices=TARGETS, default="q8_0",
                         help="GGUF type (mix) to write")
     parser.add_argument("--output", "-o", required=True, help="the .gguf file to write")
@@ -105,7 +107,7 @@ def run(args) -> None:
 
     path, repo, revision = resolve(args.source, args.revision)
     print(f"reading {path}", file=sys.stderr)
-    checkpoint = load_checkpoint(path)
+    checkpoint = load_checkpoint(path, args.llm)
     repo = args.repo or repo or checkpoint.source.get("repo")
     recorded = dict(checkpoint.source, repo=repo, revision=revision)
     source = {k: v for k, v in recorded.items() if v is not None}

@@ -21,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default=None,
                         help="checkpoint directory, .gguf or model.pt file, hub id or package name")
+    parser.add_argument("--llm", default=None, metavar="QWEN3.gguf",
+                        help="the decoder GGUF when --model is FunASR's llama.cpp encoder GGUF")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (loopback unless you say otherwise)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")
@@ -68,7 +70,7 @@ def _app(args):
     from nanoasr.server.app import create_app
 
     try:
-        model = Model.load(args.model, device=args.device, threads=args.threads)
+        model = Model.load(args.model, device=args.device, threads=args.threads, llm=args.llm)
     except NanoasrError as exc:
         error(PROG, exc)
         return None

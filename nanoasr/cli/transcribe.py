@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="checkpoint directory, .gguf or FunASR model.pt file, hub id "
                             "org/repo[@revision], or package name (default: the official safetensors package "
                             "at its pinned revision)")
+    model.add_argument("--llm", default=None, metavar="QWEN3.gguf",
+                       help="the decoder GGUF (a llama.cpp qwen3 file) when --model is the encoder GGUF of "
+                            "FunASR's llama.cpp runtime")
     model.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     model.add_argument("--threads", type=positive(int), default=None, metavar="N",
                        help="CPU threads for numba and BLAS (default: all cores)")
@@ -311,7 +314,7 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
         return EXIT_FAILED if failed else EXIT_OK
     start = time.perf_counter()
     try:
-        model = Model.load(args.model, device=args.device, threads=args.threads)
+        model = Model.load(args.model, device=args.device, threads=args.threads, llm=args.llm)
     except NanoasrError as exc:
         progress.error(exc)
         return EXIT_FAILED
