@@ -168,7 +168,8 @@ class Model:
                 enc = self.encode(feats, mask)
             with timer.stage("adaptor"):
                 audio = self.adapt(enc, mask, options.reference)
-            n = prompt.n_audio_tokens(feats.shape[1], options.reference)
+            low_frame_rate = self.config.adaptor.use_low_frame_rate
+            n = prompt.n_audio_tokens(feats.shape[1], options.reference, low_frame_rate)
             yield self.prompt_embeds(audio[0, :n], options)[0]
 
     def transcribe(self, audio, *, sample_rate: int | None = None, language: str | None = None,
@@ -248,7 +249,9 @@ class Model:
         """Segments decoded together: BATCH_SIZE, fewer when their cache rows would pass MAX_CACHE_BYTES."""
         from nanoasr.audio.fbank import n_lfr_frames
 
-        audio_tokens = max(prompt.n_audio_tokens(n_lfr_frames(b - a), reference) for a, b in spans)
+        low_frame_rate = self.config.adaptor.use_low_frame_rate
+        audio_tokens = max(prompt.n_audio_tokens(n_lfr_frames(b - a), reference, low_frame_rate)
+                           for a, b in spans)
         positions = text_tokens + audio_tokens + max(budgets)
         row_bytes = positions * decoder.cache_bytes_per_position(self.config.text)
         return max(1, min(BATCH_SIZE, len(spans), MAX_CACHE_BYTES // row_bytes))

@@ -86,7 +86,6 @@ def write_with(tiny_dir, path, monkeypatch, method: str, key: str, value):
 
 @pytest.mark.parametrize("method, key, value, message", [
     ("add_uint32", "funasr.lfr_n", 5, r"metadata funasr.lfr_n is 5, only 6 is supported"),
-    ("add_bool", "funasr.use_low_frame_rate", False, r"funasr.use_low_frame_rate is false: every audio"),
     ("add_uint32", "funasr.n_blocks_base", 0, r"metadata funasr.n_blocks_base is 0, expected the count"),
     ("add_uint32", "funasr.llm.head_dim", 16, r"metadata funasr.llm.head_dim is 16, but the tensors say 8"),
 ])
@@ -106,3 +105,9 @@ def test_a_tensor_outside_the_layout_is_named(tiny_dir, tmp_path, monkeypatch):
     path = crispasr.write(tiny_dir, tmp_path / "renamed.gguf")
     with pytest.raises(ModelError, match=r"unexpected tensor funasr.enc.blk.0.ffn.l3.w \(not in CrispASR"):
         load_checkpoint(path)
+
+
+def test_every_audio_frame_goes_to_the_decoder_when_the_file_says_so(tiny_dir, tmp_path, monkeypatch):
+    path = write_with(tiny_dir, tmp_path / "all-rows.gguf", monkeypatch, "add_bool",
+                      "funasr.use_low_frame_rate", False)
+    assert load_checkpoint(path).config.adaptor.use_low_frame_rate is False

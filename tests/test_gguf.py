@@ -335,6 +335,12 @@ def test_wrong_shape_and_missing_keys_name_what_is_wrong(written, tmp_path):
         load_gguf(missing)
 
 
+def test_a_file_from_before_use_low_frame_rate_existed_reads_it_as_true(written, tmp_path):
+    key = b"fun_asr_nano.adaptor.use_low_frame_rate"
+    older = patched(written("f32")[0], key, key[:-1] + b"X", tmp_path)  # as if the key were not there
+    assert load_gguf(older).config.adaptor.use_low_frame_rate is True
+
+
 def test_bad_magic_version_and_truncation(written, tmp_path):
     data = written("f16")[0].read_bytes()
     cases = {"magic": b"GGML" + data[4:], "version": data[:4] + struct.pack("<I", 4) + data[8:]}

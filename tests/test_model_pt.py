@@ -328,3 +328,24 @@ def test_mutated_pickles_give_a_model_error_or_a_checkpoint(funasr_dir, tmp_path
             assert "\n" not in str(exc)
 
     check()
+
+
+def test_a_config_yaml_without_use_low_frame_rate_gives_the_decoder_every_audio_frame(funasr_dir, tmp_path,
+                                                                                      monkeypatch):
+    """FunASR reads audio_adaptor_conf.use_low_frame_rate with a default of false (Fun-ASR-MLT-Nano's
+    config.yaml leaves it out): then all T adaptor rows go to the decoder, not fake_token_len(T)."""
+    from nanoasr.model import prompt
+
+    copy = folder_copy(funasr_dir, tmp_path)
+    yaml_text = (copy / "config.yaml").read_text()
+    (copy / "config.yaml").write_text(yaml_text.replace("  use_low_frame_rate: true\n", ""))
+    model = nanoasr.load_model(str(copy))
+    assert model.config.adaptor.use_low_frame_rate is False
+    rows = []
+    real = prompt.prompt_ids
+    monkeypatch.setattr(prompt, "prompt_ids", lambda tok, n, **kw: rows.append(n) or real(tok, n, **kw))
+    wave = cases(REFS, "funasr")["short"]["wave"]
+    model.transcribe(wave, sample_rate=16000, reference="funasr", max_new_tokens=2, ignore_stop=True)
+    n_frames = model.features([wave], "funasr")[0].shape[1]
+    audio_rows = [n for n in rows if n]  # the text-only call counts the prompt's own tokens
+    assert audio_rows == [n_frames] and prompt.n_audio_tokens(n_frames, "funasr") < n_frames

@@ -67,8 +67,6 @@ def write_with(tiny_dir, path, monkeypatch, method: str, key: str, value):
     ("add_string", "stt.variant", "fun-asr-nano-2609", r"stt.variant 'fun-asr-nano-2609' is not a Fun-ASR"),
     ("add_uint32", "stt.funasr_nano.encoder.sanm_shift", 1, r"encoder.sanm_shift is 1, only 0 is supported"),
     ("add_bool", "stt.frontend.apply_cmvn", True, r"apply_cmvn is True, only False is supported"),
-    ("add_bool", "stt.funasr_nano.adaptor.use_low_frame_rate", False,
-     r"use_low_frame_rate is false: every audio frame goes to the decoder, as Fun-ASR-MLT-Nano is"),
     ("add_uint32", "stt.funasr_nano.encoder.d_model", 512,
      r"metadata stt.funasr_nano.encoder.d_model is 512, but the tensors say 32 \(audio hidden_size\)"),
     ("add_uint32", "stt.funasr_nano.decoder.n_kv_heads", 4,
@@ -103,3 +101,9 @@ def test_a_missing_tensor_is_named(tiny_dir, tmp_path, monkeypatch):
     path = transcribe_cpp.write(tiny_dir, tmp_path / "short.gguf")
     with pytest.raises(ModelError, match=r"missing, first model.language_model.layers.1.mlp.up_proj"):
         load_checkpoint(path)
+
+
+def test_every_audio_frame_goes_to_the_decoder_when_the_file_says_so(tiny_dir, tmp_path, monkeypatch):
+    path = write_with(tiny_dir, tmp_path / "all-rows.gguf", monkeypatch, "add_bool",
+                      "stt.funasr_nano.adaptor.use_low_frame_rate", False)
+    assert load_checkpoint(path).config.adaptor.use_low_frame_rate is False

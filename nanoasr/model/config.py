@@ -58,6 +58,9 @@ class AdaptorConfig:
     layer_norm_eps: float = 1e-5  # as configured; the funasr profile runs 1e-12 (DESIGN §2)
     hidden_act: str = "relu"
     projector_hidden_act: str = "relu"
+    # FunASR gives the decoder only fake_token_len(T) audio rows when true, all T when false (its
+    # audio_adaptor_conf default); Fun-ASR-Nano sets it, Fun-ASR-MLT-Nano's config.yaml does not
+    use_low_frame_rate: bool = True
 
     @property
     def head_dim(self) -> int:

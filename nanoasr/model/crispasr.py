@@ -43,6 +43,7 @@ KEYS = {  # metadata key -> (config section, field)
     "funasr.ada_n_layers": ("adaptor", "num_hidden_layers"),
     "funasr.ada_n_heads": ("adaptor", "num_attention_heads"),
     "funasr.ada_ffn_inner": ("adaptor", "intermediate_size"),
+    "funasr.use_low_frame_rate": ("adaptor", "use_low_frame_rate"),
     "funasr.llm.n_layers": ("text", "num_hidden_layers"), "funasr.llm.d_model": ("text", "hidden_size"),
     "funasr.llm.n_heads": ("text", "num_attention_heads"),
     "funasr.llm.n_kv_heads": ("text", "num_key_value_heads"), "funasr.llm.head_dim": ("text", "head_dim"),
@@ -129,10 +130,6 @@ def read(values: dict, tensors: dict[str, StoredTensor],
     for key, expected in FIXED.items():
         if values.get(key, expected) != expected:
             raise ModelError(f"{where}: metadata {key} is {values[key]!r}, only {expected} is supported")
-    if values.get("funasr.use_low_frame_rate", True) is not True:
-        raise ModelError(f"{where}: funasr.use_low_frame_rate is false: every audio frame goes to the "
-                         f"decoder, as Fun-ASR-MLT-Nano is configured; nanoasr does not run that "
-                         f"configuration yet")
     logical = _tensors(values, tensors, where)
     config, assumed = config_from_shapes(logical, values.get("tokenizer.ggml.tokens"), where)
     config = with_metadata(config, assumed, _adaptor_heads(values, where), KEYS, where)

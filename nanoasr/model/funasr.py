@@ -80,6 +80,12 @@ def _yaml_sections(raw: dict, path: Path) -> tuple[dict, dict]:
         audio.update(num_hidden_layers=main + timestamp, num_timestamp_prediction_layers=timestamp)
     adaptor_keys = dict(YAML_ADAPTOR, downsample_rate="downsample_rate")
     adaptor = _yaml_ints(raw, "audio_adaptor_conf", adaptor_keys, path)
+    # absent means false, FunASR's default (Fun-ASR-MLT-Nano's config.yaml leaves it out)
+    low_frame_rate = (raw.get("audio_adaptor_conf") or {}).get("use_low_frame_rate", False)
+    if not isinstance(low_frame_rate, bool):
+        raise ModelError(f"{path}: audio_adaptor_conf.use_low_frame_rate must be true or false, "
+                         f"found {low_frame_rate!r}")
+    adaptor["use_low_frame_rate"] = low_frame_rate
     rate = adaptor.pop("downsample_rate", 1)
     if rate != 1:
         raise ModelError(f"{path}: audio_adaptor_conf.downsample_rate {rate} is not supported (expected 1)")

@@ -9,7 +9,6 @@ when the head is not tied, `qwen3.*` hyperparameters and the vocabulary as `toke
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -109,8 +108,7 @@ def _config(tensors: dict, encoder_values: dict, decoder_values: dict, where: tu
     if stated != main_blocks:
         raise ModelError(f"{where[0]}: metadata funasr.enc.num_blocks is {stated!r}, but the tensors hold "
                          f"{main_blocks} (encoders0 + encoders)")
-    text = dataclasses.replace(config.text, tie_word_embeddings="lm_head.weight" not in tensors)
-    return dataclasses.replace(config, text=text)
+    return config
 
 
 def load_pair(encoder: Path, decoder: Path) -> Checkpoint:

@@ -29,6 +29,7 @@ from nanoasr.model.shapes import config_from_shapes
 ARCH = "fun_asr_nano"
 SCHEMA_KEY = f"{ARCH}.schema_version"
 SCHEMA_VERSION = 1
+LATER_KEYS = {f"{ARCH}.adaptor.use_low_frame_rate"}  # added after schema 1: the default where absent
 FILE_KEYS = {  # checkpoint file -> the key that holds its text verbatim
     "config.json": f"{ARCH}.files.config_json",
     "tokenizer.json": f"{ARCH}.files.tokenizer_json",
@@ -43,7 +44,7 @@ def _config_from_keys(values: dict, where: str) -> Config:
     raw, missing = {}, []
     for section, cls in SECTIONS:
         keys = {f.name: f"{ARCH}.{section}.{f.name}" for f in dataclasses.fields(cls)}
-        missing += [key for key in keys.values() if key not in values]
+        missing += [key for key in keys.values() if key not in values and key not in LATER_KEYS]
         raw[f"{section}_config"] = {field: values[key] for field, key in keys.items() if key in values}
     if f"{ARCH}.audio_token_id" not in values:
         missing.append(f"{ARCH}.audio_token_id")

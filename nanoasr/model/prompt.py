@@ -84,9 +84,10 @@ def prompt_ids(tokenizer, n_audio: int, **options) -> tuple[np.ndarray, int]:
     return ids, len(before)
 
 
-def n_audio_tokens(n_frames: int, reference: str) -> int:
-    """Audio rows given to the decoder: FunASR keeps fake_token_len(T) of them, Transformers all T."""
-    if reference == "transformers":
+def n_audio_tokens(n_frames: int, reference: str, low_frame_rate: bool = True) -> int:
+    """Audio rows given to the decoder: FunASR keeps fake_token_len(T) of them for a model configured with
+    use_low_frame_rate (Fun-ASR-Nano), all T otherwise (Fun-ASR-MLT-Nano); Transformers all T."""
+    if reference == "transformers" or not low_frame_rate:
         return n_frames
     o = 1 + (n_frames - 1) // 2
     o = 1 + (o - 1) // 2

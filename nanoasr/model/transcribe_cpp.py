@@ -57,6 +57,7 @@ KEYS = {  # metadata key -> (config section, field)
     "stt.funasr_nano.adaptor.pre_ffn_dim": ("adaptor", "projector_hidden_size"),
     "stt.funasr_nano.adaptor.block_ffn_dim": ("adaptor", "intermediate_size"),
     "stt.funasr_nano.adaptor.n_heads": ("adaptor", "num_attention_heads"),
+    "stt.funasr_nano.adaptor.use_low_frame_rate": ("adaptor", "use_low_frame_rate"),
     "stt.funasr_nano.decoder.n_layers": ("text", "num_hidden_layers"),
     "stt.funasr_nano.decoder.hidden_size": ("text", "hidden_size"),
     "stt.funasr_nano.decoder.intermediate_size": ("text", "intermediate_size"),
@@ -68,10 +69,9 @@ KEYS = {  # metadata key -> (config section, field)
     "stt.funasr_nano.decoder.rms_norm_eps": ("text", "rms_norm_eps"),
     "stt.funasr_nano.decoder.rope_theta": ("text", "rope_theta"),
 }
-LOW_FRAME_RATE = "stt.funasr_nano.adaptor.use_low_frame_rate"
 FIXED = {"stt.funasr_nano.encoder.sanm_shift": 0, "stt.funasr_nano.adaptor.downsample_rate": 1,
          "stt.frontend.lfr_n": 6, "stt.frontend.sample_rate": 16000, "stt.frontend.apply_cmvn": False,
-         "stt.funasr_nano.decoder.tie_word_embeddings": True, LOW_FRAME_RATE: True}
+         "stt.funasr_nano.decoder.tie_word_embeddings": True}
 
 
 def _funasr_name(name: str, where: str) -> str:
@@ -89,9 +89,6 @@ def _check_fixed(values: dict, where: str) -> None:
     for key, expected in FIXED.items():
         if key not in values:
             raise ModelError(f"{where}: metadata {key} is missing (transcribe.cpp's converter writes it)")
-        if key == LOW_FRAME_RATE and values[key] is False:
-            raise ModelError(f"{where}: {key} is false: every audio frame goes to the decoder, as "
-                             f"Fun-ASR-MLT-Nano is configured; nanoasr does not run that configuration yet")
         if values[key] != expected or type(values[key]) is not type(expected):
             raise ModelError(f"{where}: metadata {key} is {values[key]!r}, only {expected!r} is supported")
     variant = values.get("stt.variant")
