@@ -123,10 +123,18 @@ class Model:
         resolved = hub.resolve(model, **resolve_options)
         checkpoint = load_checkpoint(resolved.path, llm)
         source = dict(checkpoint.source, repo=resolved.repo, revision=resolved.revision)
+        if "variant" not in source and resolved.repo in prompt.REPO_VARIANTS:
+            source["variant"] = prompt.REPO_VARIANTS[resolved.repo]
         if resolved.package is not None:
             source.update(license=resolved.package.license, package=resolved.package.name)
         return cls(Checkpoint(checkpoint.config, checkpoint.tensors, checkpoint.files, source),
                    device, threads)
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """ISO codes of the languages the loaded model was trained for (those of its variant)."""
+        variant = self.checkpoint.source.get("variant") or prompt.DEFAULT_VARIANT
+        return prompt.VARIANT_LANGUAGES[variant]
 
     # --- stages (also used by the parity tests) -------------------------------------------------------
 
@@ -205,6 +213,7 @@ class Model:
 
         start = time.perf_counter()
         timer = Timer()
+        prompt.language_code(options.language, self.languages)  # one the loaded model was trained for
         # the prompt's text tokens, counted (and held to their limit) before any audio is read
         text_tokens = len(prompt.prompt_ids(self.tokenizer, 0, **options.prompt_options())[0])
         with self._lock, backend_mod.threads(self.threads):

@@ -17,7 +17,13 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FUNASR = json.loads((FIXTURES / "prompts_funasr.json").read_text(encoding="utf-8"))
 VARIANTS = FUNASR["variants"]
 AUDIO_TOKEN_ID = 151646
-CODES = {"中文": "zh", "英文": "en", "日文": "ja"}
+# the README's names in its order, and the ISO codes transcribe.cpp lists for the variant in the same order
+README_NAMES = ("中文 英文 粤语 日文 韩文 越南语 印尼语 泰语 马来语 菲律宾语 阿拉伯语 印地语 保加利亚语 "
+                "克罗地亚语 捷克语 丹麦语 荷兰语 爱沙尼亚语 芬兰语 希腊语 匈牙利语 爱尔兰语 拉脱维亚语 "
+                "立陶宛语 马耳他语 波兰语 葡萄牙语 罗马尼亚语 斯洛伐克语 斯洛文尼亚语 瑞典语").split()
+ISO_CODES = ("zh en yue ja ko vi id th ms tl ar hi bg hr cs da nl et fi el hu ga lv lt mt pl pt ro sk sl "
+             "sv").split()
+CODES = dict(zip(README_NAMES, ISO_CODES))
 
 
 def name(v) -> str:
@@ -34,8 +40,8 @@ def test_the_fixture_names_its_source_and_covers_the_grid():
     source = FUNASR["source"]
     assert source["package"] == "funasr" and source["version"] and len(source["file_sha256"]) == 64
     grid = {(tuple(v["hotwords"]), v["language"], v["itn"]) for v in VARIANTS}
-    assert len(grid) == len(VARIANTS) == 24
-    assert {v["language"] for v in VARIANTS} == {None, "中文", "英文", "日文"}
+    assert len(grid) == len(VARIANTS) == 24 + 2 * 31 - 6  # zh, en, ja without hotwords are in both grids
+    assert {v["language"] for v in VARIANTS} == {None, *README_NAMES}
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=name)
@@ -94,3 +100,21 @@ def test_a_context_within_the_character_limit_can_pass_the_token_limit(tokenizer
     prompt.instruction(context=context)  # within the character limit
     with pytest.raises(OptionError, match=f"limited to {prompt.MAX_PROMPT_TOKENS} text tokens"):
         prompt.prompt_ids(tokenizer, 1, context=context)
+
+
+def test_each_mlt_language_by_code_and_english_name_gives_funasrs_prompt():
+    by_name = {v["language"]: v["instruction"] for v in VARIANTS if not v["hotwords"] and v["itn"]}
+    for chinese, code in CODES.items():
+        assert prompt.instruction(code) == by_name[chinese]
+        assert prompt.instruction(prompt.LANGUAGES[code][1].title()) == by_name[chinese]
+
+
+def test_a_language_the_loaded_variant_was_not_trained_for_names_the_ones_it_was():
+    nano = prompt.VARIANT_LANGUAGES["fun-asr-nano-2512"]
+    assert prompt.language_code("Japanese", nano) == "ja"
+    with pytest.raises(OptionError, match=r"'ko' \(ko\): the loaded model was not trained for it; "
+                                          r"its languages are zh, en, ja"):
+        prompt.language_code("ko", nano)
+    assert prompt.language_code("韩文", prompt.VARIANT_LANGUAGES["fun-asr-mlt-nano-2512"]) == "ko"
+    with pytest.raises(OptionError, match="unknown language 'klingon'"):
+        prompt.language_code("klingon")

@@ -124,6 +124,11 @@ def _adaptor_heads(values: dict, where: str) -> dict:
     return dict(values, **{"funasr.ada_n_heads": 8})
 
 
+def variant(values: dict) -> str:
+    """The converter names the file after the repository it converts (Fun-ASR-MLT-Nano-2512 or not)."""
+    return "fun-asr-mlt-nano-2512" if "MLT" in str(values.get("general.name", "")) else "fun-asr-nano-2512"
+
+
 def read(values: dict, tensors: dict[str, StoredTensor],
          where: str) -> tuple[Config, dict[str, StoredTensor]]:
     """CrispASR's metadata and tensors -> (config, logical tensors)."""

@@ -119,7 +119,7 @@ def load_gguf(path: str | Path) -> Checkpoint:
         source.update(format="transcribe.cpp gguf", variant=values["stt.variant"])
     elif arch in crispasr.ARCHES:
         config, tensors = crispasr.read(values, tensors, where)
-        source.update(format="CrispASR gguf")
+        source.update(format="CrispASR gguf", variant=crispasr.variant(values))
     elif arch == audiocpp.ARCH:
         config = _third_party_config(values, files, tensors, where)
         tensors = to_logical(tensors, config)

@@ -21,23 +21,41 @@ MAX_HOTWORDS_CHARS = 4096  # all hotwords together
 MAX_CONTEXT_CHARS = 4096  # the server's `prompt` field has the same limit
 MAX_PROMPT_TOKENS = 4096  # text tokens around the audio, template included; checked where the ids are made
 
-# The checkpoint knows the languages by their Chinese names; users give ISO codes or names.
-LANGUAGE_NAMES = {"zh": "中文", "en": "英文", "ja": "日文"}
-LANGUAGE_ALIASES = {
-    "zh": "zh", "chinese": "zh", "mandarin": "zh", "中文": "zh",
-    "en": "en", "english": "en", "英文": "en",
-    "ja": "ja", "japanese": "ja", "日文": "ja",
+# The checkpoints know languages by the Chinese names of FunAudioLLM/Fun-ASR's README usage example (中文、英文、
+# 日文 for Fun-ASR-Nano-2512; 31 for Fun-ASR-MLT-Nano-2512, in this order); users give ISO codes or names.
+LANGUAGES = {  # ISO code -> (the name the prompt uses, English name)
+    "zh": ("中文", "chinese"), "en": ("英文", "english"), "yue": ("粤语", "cantonese"),
+    "ja": ("日文", "japanese"), "ko": ("韩文", "korean"), "vi": ("越南语", "vietnamese"),
+    "id": ("印尼语", "indonesian"), "th": ("泰语", "thai"), "ms": ("马来语", "malay"),
+    "tl": ("菲律宾语", "filipino"), "ar": ("阿拉伯语", "arabic"), "hi": ("印地语", "hindi"),
+    "bg": ("保加利亚语", "bulgarian"), "hr": ("克罗地亚语", "croatian"), "cs": ("捷克语", "czech"),
+    "da": ("丹麦语", "danish"), "nl": ("荷兰语", "dutch"), "et": ("爱沙尼亚语", "estonian"),
+    "fi": ("芬兰语", "finnish"), "el": ("希腊语", "greek"), "hu": ("匈牙利语", "hungarian"),
+    "ga": ("爱尔兰语", "irish"), "lv": ("拉脱维亚语", "latvian"), "lt": ("立陶宛语", "lithuanian"),
+    "mt": ("马耳他语", "maltese"), "pl": ("波兰语", "polish"), "pt": ("葡萄牙语", "portuguese"),
+    "ro": ("罗马尼亚语", "romanian"), "sk": ("斯洛伐克语", "slovak"), "sl": ("斯洛文尼亚语", "slovenian"),
+    "sv": ("瑞典语", "swedish"),
 }
+LANGUAGE_NAMES = {code: name for code, (name, _) in LANGUAGES.items()}
+LANGUAGE_ALIASES = {alias: code for code, names in LANGUAGES.items() for alias in (code, *names)}
+LANGUAGE_ALIASES.update(mandarin="zh", tagalog="tl", slovene="sl")
+VARIANT_LANGUAGES = {"fun-asr-nano-2512": ("zh", "en", "ja"), "fun-asr-mlt-nano-2512": tuple(LANGUAGES)}
+DEFAULT_VARIANT = "fun-asr-nano-2512"
+REPO_VARIANTS = {"FunAudioLLM/Fun-ASR-MLT-Nano-2512": "fun-asr-mlt-nano-2512"}  # FunASR folders say no more
 
 
-def language_code(language: str | None) -> str | None:
-    """ISO code for a language given as code, English or Chinese name; None for automatic."""
+def language_code(language: str | None, trained: tuple[str, ...] | None = None) -> str | None:
+    """ISO code for a language given as code, English or Chinese name; None for automatic. With `trained`
+    (the loaded model's languages), a language outside them is an error naming them."""
     if language is None or language.strip().lower() in ("", "auto"):
         return None
     code = LANGUAGE_ALIASES.get(language.strip().lower())
     if code is None:
-        accepted = ", ".join(sorted(LANGUAGE_ALIASES)) + ", auto"
-        raise OptionError(f"unknown language {language!r}; accepted: {accepted}")
+        raise OptionError(f"unknown language {language!r}; accepted: ISO codes, English or Chinese names of "
+                          f"{', '.join(LANGUAGES)}, or auto")
+    if trained is not None and code not in trained:
+        raise OptionError(f"language {language!r} ({code}): the loaded model was not trained for it; its "
+                          f"languages are {', '.join(trained)} (Fun-ASR-MLT-Nano-2512 has 31)")
     return code
 
 

@@ -37,6 +37,12 @@ SPEECH = "<|startofspeech|>"
 # FunASR takes the language as the model's Chinese name; None leaves the clause out.
 LANGUAGES = (None, "中文", "英文", "日文")
 HOTWORDS = ((), ("开放时间",), ("FunASR", "魔搭社区", "Qwen3 ASR"))
+# Fun-ASR-MLT-Nano-2512's 31 names, as FunAudioLLM/Fun-ASR's README usage example lists them (each without
+# hotwords, with and without ITN)
+MLT_LANGUAGES = ("中文", "英文", "粤语", "日文", "韩文", "越南语", "印尼语", "泰语", "马来语", "菲律宾语", "阿拉伯语",
+                 "印地语", "保加利亚语", "克罗地亚语", "捷克语", "丹麦语", "荷兰语", "爱沙尼亚语", "芬兰语", "希腊语",
+                 "匈牙利语", "爱尔兰语", "拉脱维亚语", "立陶宛语", "马耳他语", "波兰语", "葡萄牙语", "罗马尼亚语",
+                 "斯洛伐克语", "斯洛文尼亚语", "瑞典语")
 
 
 def read_wheel(wheel: Path) -> tuple[str, bytes]:  # -> (funasr version, model.py)
@@ -100,8 +106,10 @@ def main() -> None:
 
     version, source = read_wheel(args.wheel)
     f = prompt_builders(source.decode("utf-8"))
-    grid = product(HOTWORDS, LANGUAGES, (True, False))
+    grid = list(product(HOTWORDS, LANGUAGES, (True, False)))
+    grid += list(product(((),), MLT_LANGUAGES, (True, False)))
     variants = [funasr_prompt(f, hotwords, language, itn) for hotwords, language, itn in grid]
+    variants = [v for i, v in enumerate(variants) if v not in variants[:i]]  # zh/en/ja appear in both
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(Path(tmp)))
         for v in variants:
