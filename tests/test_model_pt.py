@@ -18,8 +18,7 @@ import nanoasr
 from nanoasr.errors import ModelError
 from nanoasr.formats import torch_zip
 from nanoasr.model.load import load_checkpoint
-
-from engine_parity import cases
+from tools.parity import cases
 from tools.reference import funasr_checkpoint
 
 REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")
