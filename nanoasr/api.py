@@ -27,7 +27,7 @@ from nanoasr.transcript import Segment, Transcript
 
 FUNASR_ADAPTOR_EPS = 1e-12  # the authors' adaptor LayerNorm eps (DESIGN §2)
 MAX_SEGMENT_S = 30.0
-BATCH_SIZE = 8  # segments decoded together
+BATCH_SIZE = 8  # segments decoded together, by default (Model's batch_size)
 # The KV cache of the segments decoded together stays under this (one row at least): a prompt near its token
 # limit makes a row about 1 GB on the full-size model, so long prompts decode fewer segments at once.
 MAX_CACHE_BYTES = 2 << 30
@@ -54,10 +54,7 @@ class Options:
         _check_type("ignore_stop", self.ignore_stop, bool, "True or False")
         budget = self.max_new_tokens
         if budget is not None:
-            if isinstance(budget, bool) or not isinstance(budget, numbers.Integral):
-                raise OptionError(f"max_new_tokens must be a whole number or None; got "
-                                  f"{reprlib.repr(budget)} ({type(budget).__name__})")
-            object.__setattr__(self, "max_new_tokens", int(budget))
+            object.__setattr__(self, "max_new_tokens", _whole_number("max_new_tokens", budget, "or None"))
         object.__setattr__(self, "hotwords", _hotword_tuple(self.hotwords))
         if self.reference not in REFERENCES:
             raise OptionError(f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}")
@@ -74,6 +71,13 @@ class Options:
 def _check_type(name: str, value, types, accepted: str) -> None:
     if not isinstance(value, types):
         raise OptionError(f"{name} must be {accepted}; got {reprlib.repr(value)} ({type(value).__name__})")
+
+
+def _whole_number(name: str, value, alternative: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise OptionError(f"{name} must be a whole number{' ' + alternative if alternative else ''}; got "
+                          f"{reprlib.repr(value)} ({type(value).__name__})")
+    return int(value)
 
 
 def _hotword_tuple(hotwords) -> tuple[str, ...]:
@@ -102,7 +106,12 @@ class Timer:
 
 
 class Model:
-    def __init__(self, checkpoint: Checkpoint, device: str = "cpu", threads: int | None = None):
+    def __init__(self, checkpoint: Checkpoint, device: str = "cpu", threads: int | None = None,
+                 batch_size: int = BATCH_SIZE):
+        """`batch_size`: segments of one call decoded together, at most (each in its own KV-cache row)."""
+        self.batch_size = _whole_number("batch_size", batch_size)
+        if self.batch_size < 1:
+            raise OptionError(f"batch_size must be at least 1; got {self.batch_size}")
         self.checkpoint = checkpoint
         self.config = checkpoint.config
         self.backend = backend_mod.resolve(device)
@@ -114,8 +123,8 @@ class Model:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, model=None, device: str = "cpu", threads: int | None = None, llm=None,
-             **resolve_options) -> "Model":
+    def load(cls, model=None, device: str = "cpu", threads: int | None = None, batch_size: int = BATCH_SIZE,
+             llm=None, **resolve_options) -> "Model":
         """`model`: a checkpoint directory or .gguf path, a hub id `org/repo[@rev]`, or a package name;
         `llm`: the decoder GGUF when `model` is the encoder file of FunASR's llama.cpp runtime."""
         from nanoasr import hub
@@ -128,7 +137,7 @@ class Model:
         if resolved.package is not None:
             source.update(license=resolved.package.license, package=resolved.package.name)
         return cls(Checkpoint(checkpoint.config, checkpoint.tensors, checkpoint.files, source),
-                   device, threads)
+                   device, threads, batch_size)
 
     @property
     def languages(self) -> tuple[str, ...]:
@@ -158,17 +167,20 @@ class Model:
         return adaptor.adapt(enc, mask, self.weights, self.config.adaptor, eps, taps)
 
     def prompt_embeds(self, audio_rows, options: Options):  # [n, H] -> ([L, H], ids [L])
-        ids, start = prompt.prompt_ids(self.tokenizer, len(audio_rows), **options.prompt_options())
+        return self._fill_prompt(audio_rows, prompt.template(self.tokenizer, **options.prompt_options()))
+
+    def _fill_prompt(self, audio_rows, template: prompt.Template):  # [n, H] -> ([L, H], ids [L])
+        ids, start = template.ids(len(audio_rows))
         embeds = decoder.embed(ids, self.weights)
         embeds[start:start + len(audio_rows)] = audio_rows
         return embeds, ids
 
     # --- transcription --------------------------------------------------------------------------------
 
-    def _segment_prompts(self, wave, spans, options: Options, timer: Timer):
+    def _segment_prompts(self, wave, spans, options: Options, template: prompt.Template, timer: Timer):
         """Prompt embeddings [L, H] for the spans of `wave`, in order, each computed when the decoder asks for
         it. Spans go through the encoder one at a time, so no work is spent on padding them to a common
-        length."""
+        length; each fills the audio slot of the call's one tokenized `template`."""
         for a, b in spans:
             with timer.stage("frontend"):
                 feats, mask = self.features([wave[a:b]], options.reference)
@@ -178,7 +190,7 @@ class Model:
                 audio = self.adapt(enc, mask, options.reference)
             low_frame_rate = self.config.adaptor.use_low_frame_rate
             n = prompt.n_audio_tokens(feats.shape[1], options.reference, low_frame_rate)
-            yield self.prompt_embeds(audio[0, :n], options)[0]
+            yield self._fill_prompt(audio[0, :n], template)[0]
 
     def transcribe(self, audio, *, sample_rate: int | None = None, language: str | None = None,
                    itn: bool = True, hotwords=(), context: str | None = None, reference: str = "funasr",
@@ -214,8 +226,8 @@ class Model:
         start = time.perf_counter()
         timer = Timer()
         prompt.language_code(options.language, self.languages)  # one the loaded model was trained for
-        # the prompt's text tokens, counted (and held to their limit) before any audio is read
-        text_tokens = len(prompt.prompt_ids(self.tokenizer, 0, **options.prompt_options())[0])
+        # the prompt's text, tokenized once for every segment and held to its limit before any audio is read
+        template = prompt.template(self.tokenizer, **options.prompt_options())
         with self._lock, backend_mod.threads(self.threads):
             with timer.stage("load_audio"):
                 wave = load_audio(audio, sample_rate, max_duration_s=max_duration_s)
@@ -240,10 +252,10 @@ class Model:
                         on_segment(segment)
 
             if spans:
-                generate.generate(self._segment_prompts(wave, spans, options, timer), budgets, self.weights,
-                                  self.config.text, self.tokenizer.stop_ids, options.ignore_stop,
-                                  rows=self._decode_rows(spans, budgets, text_tokens, options.reference),
-                                  timings=timer.ms, on_done=emit)
+                prompts = self._segment_prompts(wave, spans, options, template, timer)
+                rows = self._decode_rows(spans, budgets, template.text_tokens, options.reference)
+                generate.generate(prompts, budgets, self.weights, self.config.text, self.tokenizer.stop_ids,
+                                  options.ignore_stop, rows=rows, timings=timer.ms, on_done=emit)
         timer.ms["total"] = (time.perf_counter() - start) * 1e3
         cut = [s.finish_reason for s in segments if s.truncated]
         if cut:
@@ -255,7 +267,7 @@ class Model:
         return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, duration, timer.ms)
 
     def _decode_rows(self, spans, budgets, text_tokens: int, reference: str) -> int:
-        """Segments decoded together: BATCH_SIZE, fewer when their cache rows would pass MAX_CACHE_BYTES."""
+        """Segments decoded together: batch_size, fewer when their cache rows would pass MAX_CACHE_BYTES."""
         from nanoasr.audio.fbank import n_lfr_frames
 
         low_frame_rate = self.config.adaptor.use_low_frame_rate
@@ -263,7 +275,7 @@ class Model:
                            for a, b in spans)
         positions = text_tokens + audio_tokens + max(budgets)
         row_bytes = positions * decoder.cache_bytes_per_position(self.config.text)
-        return max(1, min(BATCH_SIZE, len(spans), MAX_CACHE_BYTES // row_bytes))
+        return max(1, min(self.batch_size, len(spans), MAX_CACHE_BYTES // row_bytes))
 
 
 def join_texts(texts) -> str:

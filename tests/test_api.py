@@ -211,6 +211,45 @@ def test_long_prompts_decode_fewer_segments_at_once_with_the_same_ids(tiny_model
     assert [s.token_ids for s in narrow.segments] == [s.token_ids for s in full.segments]
 
 
+@pytest.mark.parametrize("batch_size, message", [
+    (0, "batch_size must be at least 1; got 0"),
+    (2.0, r"batch_size must be a whole number; got 2.0 \(float\)"),
+    (True, r"batch_size must be a whole number; got True \(bool\)"),
+    ("8", "batch_size must be a whole number")])
+def test_a_bad_batch_size_is_refused_naming_it(tiny_model, batch_size, message):
+    from nanoasr.api import Model
+
+    with pytest.raises(nanoasr.OptionError, match=message):
+        Model(tiny_model.checkpoint, batch_size=batch_size)
+
+
+def test_batch_size_sets_the_segments_decoded_together_with_the_same_ids(tiny_dir, tiny_model, monkeypatch):
+    from nanoasr.model import generate
+
+    wave = speech_like(100.0, seed=4, silence_every_s=10)
+    rows = []
+    real_generate = generate.generate
+    monkeypatch.setattr(generate, "generate",
+                        lambda *a, **k: rows.append(k["rows"]) or real_generate(*a, **k))
+    together = tiny_model.transcribe(wave, sample_rate=SR, max_new_tokens=6)
+    three = nanoasr.load_model(str(tiny_dir), batch_size=3).transcribe(wave, sample_rate=SR, max_new_tokens=6)
+    one = nanoasr.Model(tiny_model.checkpoint, batch_size=1).transcribe(wave, sample_rate=SR,
+                                                                        max_new_tokens=6)
+    assert rows == [min(8, len(together.segments)), 3, 1] and len(together.segments) > 3
+    assert [s.token_ids for s in three.segments] == [s.token_ids for s in together.segments]
+    assert [s.token_ids for s in one.segments] == [s.token_ids for s in together.segments]
+
+
+def test_the_prompt_is_tokenized_once_per_call_not_once_per_segment(tiny_model, monkeypatch):
+    pieces = []
+    real_encode = tiny_model.tokenizer.encode
+    monkeypatch.setattr(tiny_model.tokenizer, "encode", lambda text: pieces.append(text) or real_encode(text))
+    result = tiny_model.transcribe(speech_like(100.0, seed=4, silence_every_s=10), sample_rate=SR,
+                                   hotwords=["nanoasr"], max_new_tokens=2)
+    assert len(result.segments) > 3
+    assert len(pieces) == 2  # the text before the audio slot and the text after it
+
+
 def test_load_model_and_import_stay_light(tiny_dir):
     code = ("import sys, nanoasr\n"
             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'numba', 'cupy', 'torch', "

@@ -17,7 +17,7 @@ from nanoasr.model.checkpoint import Checkpoint
 from nanoasr.model.load import load_checkpoint
 from nanoasr.tensor import widen
 
-from engine_parity import cases
+from tools.parity import cases
 from tools.reference import audiocpp
 
 REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")

@@ -16,7 +16,7 @@ from nanoasr.model.checkpoint import Checkpoint
 from nanoasr.model.load import load_checkpoint
 from nanoasr.tensor import StoredTensor, widen
 
-from engine_parity import cases
+from tools.parity import cases
 from tools.reference import crispasr
 
 REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")

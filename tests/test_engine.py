@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine_parity import cases, check_case, full_sequence_logits, stage_outputs, teacher_forced_logits
-from nanoasr.model import generate
+from nanoasr.model import decoder, generate
+from tools.parity import cases, check_case, full_sequence_logits, stage_outputs, teacher_forced_logits
 from tools.reference.dump import CASES, FORCED_TOKENS
 
 REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")
@@ -96,3 +96,26 @@ def test_transcribe_returns_the_reference_ids(tiny_model):
     assert list(result.segments[0].token_ids) == ref["greedy_ids"].tolist()
     assert result.segments[0].finish_reason == "length"
     assert result.duration_s == pytest.approx(1.0)
+
+
+def test_a_session_retires_a_row_by_moving_the_last_active_row_into_it(tiny_model):
+    """Three prompts in three rows; retiring row 0 moves the third prompt (cache and position) into it, and
+    each remaining row's next logits are those its prompt gets decoding alone."""
+    cfg, w = tiny_model.config.text, tiny_model.weights
+    rng = np.random.default_rng(5)
+    prompts = [rng.standard_normal((n, cfg.hidden_size)).astype(np.float32) for n in (9, 14, 11)]
+    session = decoder.Session(w, cfg, rows=3)
+    firsts = [int(session.prefill(p, room=2)[0].argmax()) for p in prompts]
+    with pytest.raises(ValueError, match="all 3 cache rows are in use"):
+        session.prefill(prompts[0])
+    session.retire(0)
+    assert session.active == 2 and session.cache.lengths[:2].tolist() == [11, 14]
+    with pytest.raises(ValueError, match=r"one token per active row \(2\); got 3"):
+        session.step(firsts)
+    stepped = session.step([firsts[2], firsts[1]])
+    for row, k in ((0, 2), (1, 1)):
+        alone = decoder.Session(w, cfg, rows=1)
+        alone.prefill(prompts[k], room=1)
+        np.testing.assert_allclose(stepped[row], alone.step([firsts[k]])[0], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="row 2 is not one of the 2 active rows"):
+        session.retire(2)

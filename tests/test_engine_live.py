@@ -5,7 +5,7 @@ a random checkpoint of the real model's sizes (about 1.6 GB in BF16) and is mark
 """
 import pytest
 
-from engine_parity import check_case
+from tools.parity import check_case
 from tools.synth import speech_like
 
 transformers = pytest.importorskip("transformers")

@@ -16,7 +16,7 @@ from nanoasr.model.checkpoint import Checkpoint
 from nanoasr.model.load import load_checkpoint
 from nanoasr.tensor import widen
 
-from engine_parity import cases
+from tools.parity import cases
 from tools.reference import funasr_llamacpp
 from tools.reference.funasr_llamacpp import DECODER_FILE, ENCODER_FILE
 

@@ -33,7 +33,7 @@ def widened_by_gguf(checkpoint: Checkpoint) -> Checkpoint:
 
 
 def forced_ids(model: Model, wave, tokens: int) -> list[int]:
-    from engine_parity import stage_outputs
+    from tools.parity import stage_outputs
 
     embeds = stage_outputs(model, wave, "funasr", {})["embeds"]
     return generate.generate([embeds], [tokens], model.weights, model.config.text, model.tokenizer.stop_ids,

@@ -56,7 +56,8 @@ def test_instruction_and_template_equal_funasrs(v):
 
 @pytest.mark.parametrize("v", VARIANTS, ids=name)
 def test_token_ids_equal_funasrs_pieces_tokenized_apart(tokenizer, v):
-    ids, start = prompt.prompt_ids(tokenizer, 3, language=v["language"], itn=v["itn"], hotwords=v["hotwords"])
+    template = prompt.template(tokenizer, language=v["language"], itn=v["itn"], hotwords=v["hotwords"])
+    ids, start = template.ids(3)
     before, after = v["ids"]
     assert start == len(before)
     assert ids.tolist() == before + [AUDIO_TOKEN_ID] * 3 + after
@@ -84,14 +85,14 @@ def test_blank_hotwords_and_context_add_nothing():
 
 
 def test_prompt_token_limit_counts_the_text_around_the_audio(tokenizer, monkeypatch):
-    ids, _ = prompt.prompt_ids(tokenizer, 5)
-    text_tokens = len(ids) - 5
+    text_tokens = prompt.template(tokenizer).text_tokens
+    assert len(prompt.template(tokenizer).ids(5)[0]) == text_tokens + 5
     monkeypatch.setattr(prompt, "MAX_PROMPT_TOKENS", text_tokens)
-    prompt.prompt_ids(tokenizer, 5)
+    prompt.template(tokenizer)
     monkeypatch.setattr(prompt, "MAX_PROMPT_TOKENS", text_tokens - 1)
     limit = f"limited to {text_tokens - 1} text tokens; hotwords and context make it {text_tokens}"
     with pytest.raises(OptionError, match=limit):
-        prompt.prompt_ids(tokenizer, 5)
+        prompt.template(tokenizer)
 
 
 def test_a_context_within_the_character_limit_can_pass_the_token_limit(tokenizer):
@@ -99,7 +100,7 @@ def test_a_context_within_the_character_limit_can_pass_the_token_limit(tokenizer
     context = "\U0001d306" * prompt.MAX_CONTEXT_CHARS
     prompt.instruction(context=context)  # within the character limit
     with pytest.raises(OptionError, match=f"limited to {prompt.MAX_PROMPT_TOKENS} text tokens"):
-        prompt.prompt_ids(tokenizer, 1, context=context)
+        prompt.template(tokenizer, context=context)
 
 
 def test_each_mlt_language_by_code_and_english_name_gives_funasrs_prompt():

@@ -1,6 +1,6 @@
 """Imports point down only: no import cycle in nanoasr/ (module-level and function-level imports alike), the
 lower layers (formats, quant, kernels, tensor, storage) never import the model or the edges above it, and
-nothing imports the command line."""
+nothing imports the command line. Every function in nanoasr/ fits on a screen."""
 import ast
 import re
 from pathlib import Path
@@ -8,6 +8,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "nanoasr"
 LOWER = ("formats", "quant", "kernels", "tensor", "storage")
 UPPER = re.compile(r"(model|api|cli|server|hub|convert)$")
+MAX_FUNCTION_LINES = 60
 
 
 def modules(package: Path) -> dict[str, Path]:
@@ -87,6 +88,19 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
             if layer(a) in LOWER and UPPER.match(layer(b))]
 
 
+def long_functions(package: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """`path:line name (n lines)` of every function, method or nested function longer than `limit` lines."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        functions = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for node in sorted(functions, key=lambda f: f.lineno):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > limit:
+                out.append(f"{path.relative_to(package.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    return out
+
+
 def test_no_import_cycles():
     cycle = find_cycle(import_graph(PACKAGE))
     assert cycle is None, " -> ".join(cycle)
@@ -102,6 +116,10 @@ def test_the_command_line_is_the_outermost_edge():
     importers = {edge: sorted(a for a, imported in graph.items() if layer(a) != edge
                               and any(layer(b) == edge for b in imported)) for edge in ("cli", "server")}
     assert importers == {"cli": ["nanoasr.__main__"], "server": ["nanoasr.cli.serve"]}
+
+
+def test_every_function_fits_on_a_screen():
+    assert long_functions(PACKAGE) == []
 
 
 def write_package(root: Path, files: dict[str, str]) -> Path:
@@ -130,3 +148,19 @@ def test_upward_and_relative_imports_are_found(tmp_path):
     assert find_cycle(graph) is None
     assert upward_imports(graph) == ["pkg.formats.gguf -> pkg.model.weights",
                                      "pkg.formats.other -> pkg.cli.convert"]
+
+
+def function(name: str, lines: int, indent: str = "") -> str:
+    """Source of a function `lines` lines long."""
+    return f"{indent}def {name}():\n" + "".join(f"{indent}    x = {i}\n" for i in range(lines - 1))
+
+
+def test_long_methods_and_nested_functions_are_found(tmp_path):
+    package = write_package(tmp_path, {
+        "__init__.py": "", "fits.py": function("sixty", 60),
+        "deep/__init__.py": "",
+        "deep/long.py": ("class A:\n" + function("method", 61, "    ")
+                         + "def outer():\n" + function("inner", 61, "    "))})
+    assert long_functions(package) == ["pkg/deep/long.py:2 method (61 lines)",
+                                       "pkg/deep/long.py:63 outer (62 lines)",
+                                       "pkg/deep/long.py:64 inner (61 lines)"]

@@ -14,7 +14,7 @@ from nanoasr.errors import ModelError
 from nanoasr.model.load import load_checkpoint
 from nanoasr.tensor import widen
 
-from engine_parity import cases
+from tools.parity import cases
 from tools.reference import transcribe_cpp
 
 REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")

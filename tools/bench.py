@@ -34,11 +34,7 @@ def peak_rss_mb() -> float:
 # --- children ---------------------------------------------------------------------------------------
 
 def child_nanoasr(args) -> dict:
-    import numpy as np
-
-    from nanoasr import backend
     from nanoasr.api import Model
-    from nanoasr.model import decoder
     from tools.synth import speech_like
 
     start = time.perf_counter()
@@ -55,40 +51,50 @@ def child_nanoasr(args) -> dict:
     out["rtf"] = second.timings["total"] / 1e3 / args.seconds
     out.update(stage_times(model, args.threads))
     out["peak_rss_mb"] = peak_rss_mb()  # transcribing: before the step tests below fill 8 cache rows
-    cfg = model.config.text
-    rng = np.random.default_rng(0)
-    for context in (64, 512):
-        cache = decoder.KVCache(cfg, 8, context + 40)
-        for b in range(8):
-            x = rng.standard_normal((1, context, cfg.hidden_size)).astype(np.float32)
-            decoder.forward(x, model.weights, cfg, cache, slice(b, b + 1), [0])
-        for batch in (1, 8) if context == 64 else (1,):
-            def step():
-                x = decoder.embed([1000] * batch, model.weights)[:, None, :]
-                hidden = decoder.forward(x, model.weights, cfg, cache, slice(0, batch),
-                                         cache.lengths[:batch].copy())
-                decoder.logits(hidden, model.weights).argmax(axis=-1)
-            with backend.threads(model.threads):
-                step()
-                ms = median_ms(step, 12)
-            out[f"step_ms_ctx{context}_b{batch}"] = ms
+    out.update(step_times(model))
     out["batch8_speedup"] = 8 * out["step_ms_ctx64_b1"] / out["step_ms_ctx64_b8"]
     if args.long_seconds:
-        long_wave = speech_like(args.long_seconds, seed=2, silence_every_s=45)
-        result = model.transcribe(long_wave, sample_rate=16000, reference=args.reference)
-        out["long_rtf"] = result.timings["total"] / 1e3 / args.long_seconds
-        out["long_stage_s"] = {k: round(v / 1e3, 2) for k, v in result.timings.items()}
-        out["long_segments"] = len(result.segments)
-        out["long_tokens"] = sum(len(s.token_ids) for s in result.segments)
-        import nanoasr.api
-
-        batch, nanoasr.api.BATCH_SIZE = nanoasr.api.BATCH_SIZE, 1  # the same segments one after another
-        sequential = model.transcribe(long_wave, sample_rate=16000, reference=args.reference)
-        nanoasr.api.BATCH_SIZE = batch
-        out["long_sequential_rtf"] = sequential.timings["total"] / 1e3 / args.long_seconds
-        out["long_batched_equals_sequential"] = [s.token_ids for s in result.segments] == [
-            s.token_ids for s in sequential.segments]
+        out.update(long_audio(model, args))
     return out
+
+
+def step_times(model) -> dict:
+    """The median decode step after 64 and 512 prompt positions, for one row and (at 64) eight together."""
+    import numpy as np
+
+    from nanoasr import backend
+    from nanoasr.model import decoder
+
+    cfg = model.config.text
+    rng = np.random.default_rng(0)
+    out = {}
+    for context, batch in ((64, 1), (64, 8), (512, 1)):
+        session = decoder.Session(model.weights, cfg, rows=batch)
+        with backend.threads(model.threads):
+            for _ in range(batch):
+                session.prefill(rng.standard_normal((context, cfg.hidden_size)).astype(np.float32), room=40)
+            step = lambda: session.step([1000] * batch).argmax(axis=-1)  # noqa: E731
+            step()
+            out[f"step_ms_ctx{context}_b{batch}"] = median_ms(step, 12)
+    return out
+
+
+def long_audio(model, args) -> dict:
+    """A long recording segmented and decoded 8 segments at a time, and again one segment at a time."""
+    from nanoasr.api import Model
+    from tools.synth import speech_like
+
+    wave = speech_like(args.long_seconds, seed=2, silence_every_s=45)
+    result = model.transcribe(wave, sample_rate=16000, reference=args.reference)
+    one_by_one = Model(model.checkpoint, model.backend.name, model.threads, batch_size=1)
+    sequential = one_by_one.transcribe(wave, sample_rate=16000, reference=args.reference)
+    return {"long_rtf": result.timings["total"] / 1e3 / args.long_seconds,
+            "long_stage_s": {k: round(v / 1e3, 2) for k, v in result.timings.items()},
+            "long_segments": len(result.segments),
+            "long_tokens": sum(len(s.token_ids) for s in result.segments),
+            "long_sequential_rtf": sequential.timings["total"] / 1e3 / args.long_seconds,
+            "long_batched_equals_sequential": [s.token_ids for s in result.segments] == [
+                s.token_ids for s in sequential.segments]}
 
 
 def stage_times(model, threads: int) -> dict:
@@ -112,11 +118,10 @@ def stage_times(model, threads: int) -> dict:
         audio()
         out["encoder_adaptor_30s_ms"] = median_ms(audio, 3)
         cfg = model.config.text
-        x = np.random.default_rng(0).standard_normal((1, 196, cfg.hidden_size)).astype(np.float32)
+        x = np.random.default_rng(0).standard_normal((196, cfg.hidden_size)).astype(np.float32)
 
         def prefill():
-            cache = decoder.KVCache(cfg, 1, 200)
-            decoder.logits(decoder.forward(x, model.weights, cfg, cache, slice(0, 1), [0]), model.weights)
+            decoder.Session(model.weights, cfg, rows=1).prefill(x, room=4)
         prefill()
         out["prefill196_ms"] = median_ms(prefill, 3)
     return out

@@ -5,13 +5,12 @@
 For F16, Q8_0 and Q4_K_M: file size, load time, peak RSS (each model in its own process), relative
 error of the prefill logits against the BF16 path, and top-1 agreement over 64 decode steps forced
 along the BF16 path's greedy ids (teacher forcing, so one early difference does not cascade).
-OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are unset for the child processes, as in tools/bench.py.
+OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are unset for the child processes (tools/measure.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -20,6 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tools.measure import environ_without_blas_vars  # noqa: E402
+
 TYPES = ("f16", "q8_0", "q4_k_m")
 STEPS, SECONDS = 64, 10
 
@@ -30,7 +32,7 @@ def child(model_path: str, out_prefix: str, forced: str | None) -> dict:
     from nanoasr import backend
     from nanoasr.api import Model
     from tools.synth import speech_like
-    from tests.engine_parity import stage_outputs, teacher_forced_logits
+    from tools.parity import stage_outputs, teacher_forced_logits
 
     start = time.perf_counter()
     model = Model.load(model_path, threads=2)
@@ -52,7 +54,7 @@ def child(model_path: str, out_prefix: str, forced: str | None) -> dict:
 
 
 def run_child(model_path: Path, prefix: Path, forced: Path | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    env = environ_without_blas_vars()
     cmd = ([sys.executable, __file__, "--child", str(model_path), str(prefix)]
            + ([str(forced)] if forced else []))
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)

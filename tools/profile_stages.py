@@ -2,11 +2,12 @@
 
     python tools/profile_stages.py MODEL [--threads 2] [--steps 20] [--top 12]
 
-MODEL is a checkpoint directory or .gguf. Each stage runs once to compile and warm up, then once under
-cProfile; the table lists the functions with the most time of their own (BLAS calls count in the Python
-function that makes them). Decode steps also run without the weight products (replaced by zeros) and
-without attention, to show what the rest of a step costs. Runs with OPENBLAS_CORETYPE and
-OPENBLAS_L2_SIZE unset, as tools/bench.py does.
+MODEL is a checkpoint directory or .gguf. First the milliseconds per stage that Model.transcribe reports in
+Transcript.timings, for 30 s of speech-like audio. Then each stage runs once to compile and warm up, then once
+under cProfile; the table lists the functions with the most time of their own (BLAS calls count in the
+Python function that makes them). A decode step's time is split from its profile into the weight products
+(nanoasr.ops.linear), attention (nanoasr.ops.decode_attention) and the rest. Runs with OPENBLAS_CORETYPE
+and OPENBLAS_L2_SIZE unset, as tools/bench.py does.
 """
 from __future__ import annotations
 
@@ -26,20 +27,31 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+import nanoasr.ops  # noqa: E402
 from nanoasr import backend  # noqa: E402
 from nanoasr.api import Model  # noqa: E402
 from nanoasr.model import decoder  # noqa: E402
 from tools.synth import speech_like  # noqa: E402
 
 
-def profiled(name: str, fn, top: int) -> None:
+def profiled(name: str, fn, top: int) -> pstats.Stats:
     fn()
     start = time.perf_counter()
     fn()
     print(f"\n== {name}: {(time.perf_counter() - start) * 1e3:.1f} ms")
     profile = cProfile.Profile()
     profile.runcall(fn)
-    pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(top)
+    stats = pstats.Stats(profile, stream=sys.stdout)
+    stats.sort_stats("tottime").print_stats(top)
+    return stats
+
+
+def seconds_in(stats: pstats.Stats, function: str) -> float:
+    """Time inside nanoasr.ops.<function>, its callees included, in a profile."""
+    for (path, _, name), (_, _, _, cumulative, _) in stats.stats.items():
+        if path == nanoasr.ops.__file__ and name == function:
+            return cumulative
+    raise SystemExit(f"nanoasr.ops.{function} does not appear in the profile of a decode step")
 
 
 def warm_median_ms(fn) -> float:
@@ -56,42 +68,36 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
     model = Model.load(args.model, threads=args.threads)
-    cfg, w = model.config.text, model.weights
-    rng = np.random.default_rng(0)
+    wave = speech_like(30, seed=3)
+    model.transcribe(wave, sample_rate=16000, max_new_tokens=args.steps, ignore_stop=True)  # compiles
+    timings = model.transcribe(wave, sample_rate=16000, max_new_tokens=args.steps, ignore_stop=True).timings
+    print("transcribe 30 s, ms per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     with backend.threads(model.threads):
-        feats, mask = model.features([speech_like(30, seed=3)], "funasr")
+        feats, mask = model.features([wave], "funasr")
         profiled("encoder + adaptor, 30 s", lambda: model.adapt(model.encode(feats, mask), mask, "funasr"),
                  args.top)
-        prompt = rng.standard_normal((1, 196, cfg.hidden_size)).astype(np.float32)
-
-        def prefill():
-            cache = decoder.KVCache(cfg, 1, 200)
-            decoder.logits(decoder.forward(prompt, w, cfg, cache, slice(0, 1), [0]), w)
-        profiled("prefill, 196 positions", prefill, args.top)
-
-        cache = decoder.KVCache(cfg, 1, 200 + args.steps)
-        decoder.forward(prompt, w, cfg, cache, slice(0, 1), [0])
-        filled = cache.lengths.copy()
-
-        def step():
-            cache.lengths[:] = filled
-            x = decoder.embed([1000], w)[:, None, :]
-            hidden = decoder.forward(x, w, cfg, cache, slice(0, 1), cache.lengths[:1].copy())
-            decoder.logits(hidden, w).argmax()
-
-        profiled(f"{args.steps} decode steps after 196 positions",
-                 lambda: [step() for _ in range(args.steps)], args.top)
-        print(f"\ndecode step: {warm_median_ms(step):.1f} ms", end="")
-        kernels = model.backend.kernels
-        products, attend = kernels.stored_matmul, kernels.decode_attention
-        zeros = {}
-        kernels.stored_matmul = lambda rows, t: zeros.setdefault(
-            (len(rows), t.shape[0]), np.zeros((len(rows), t.shape[0]), np.float32))
-        print(f"; without the weight products {warm_median_ms(step):.1f} ms", end="")
-        kernels.decode_attention = lambda q, keys, values, lengths: q
-        print(f"; and without attention {warm_median_ms(step):.1f} ms")
-        kernels.stored_matmul, kernels.decode_attention = products, attend
+        prompt = np.random.default_rng(0).standard_normal((196, model.config.text.hidden_size))
+        profile_decoder(model, prompt.astype(np.float32), args.steps, args.top)
     return 0
+
+
+def profile_decoder(model, prompt, steps: int, top: int) -> None:  # prompt [196, H]
+    w, cfg = model.weights, model.config.text
+
+    def prefill():
+        decoder.Session(w, cfg, rows=1).prefill(prompt, room=4)
+
+    profiled("prefill, 196 positions", prefill, top)
+    session = decoder.Session(w, cfg, rows=1)
+    session.prefill(prompt, room=3 * steps + 16)  # the three profiled runs and the median's 16 steps
+    step = lambda: session.step([1000]).argmax()  # noqa: E731
+    stats = profiled(f"{steps} decode steps from 196 positions on", lambda: [step() for _ in range(steps)],
+                     top)
+    step_ms = warm_median_ms(step)
+    products, attention = (seconds_in(stats, f) * 1e3 / steps for f in ("linear", "decode_attention"))
+    print(f"\ndecode step: {step_ms:.1f} ms; in the profile, per step: weight products (ops.linear) "
+          f"{products:.1f} ms, attention (ops.decode_attention) {attention:.1f} ms; the rest about "
+          f"{step_ms - products - attention:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ before rotate-half RoPE, SwiGLU MLP, tied LM head.
 
 One forward serves prefill and decode: `x` [B, n, H] are new positions for cache rows `rows` (a slice of the
 batch), item b's new positions starting at `start[b]`. Prefill is n > 1 for one row; batched decode is n = 1
-for the active rows, each at its own position.
+for the active rows, each at its own position. `Session` keeps the cache rows and their positions for
+that loop: prefill a prompt into a free row, step every active row, retire a finished row.
 """
 from __future__ import annotations
 
@@ -161,3 +162,42 @@ def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start):  # [B, n
 
 def logits(hidden, w):  # [B, H] -> [B, vocab]: the tied LM head, in the embedding's stored type
     return linear(hidden, w.get("lm_head.weight", w[EMBED]))
+
+
+class Session:
+    """Cache rows decoded together. A prompt is prefilled into the next free row; a step advances every
+    active row by one token. The active rows are the cache's first `active` rows: retiring a row moves the
+    last active row into its place."""
+
+    def __init__(self, w, cfg: TextConfig, rows: int):
+        self.w, self.cfg, self.rows = w, cfg, rows
+        self.cache: KVCache | None = None  # made by the first prefill, on the device of its embeddings
+        self.active = 0
+
+    def prefill(self, embeds, room: int = 0):  # [L, H] -> logits [1, vocab] of its last position
+        """Run a prompt into the next free row, keeping `room` positions free after it for its tokens."""
+        if self.active == self.rows:
+            raise ValueError(f"all {self.rows} cache rows are in use; retire one before the next prefill")
+        if self.cache is None:
+            self.cache = KVCache(self.cfg, self.rows, len(embeds) + room, array_module(embeds))
+        self.cache.reserve(len(embeds) + room)
+        row = slice(self.active, self.active + 1)
+        hidden = forward(embeds[None], self.w, self.cfg, self.cache, row, [0])
+        self.active += 1
+        return logits(hidden, self.w)
+
+    def step(self, ids):  # one token id per active row [active] -> logits [active, vocab]
+        if len(ids) != self.active:
+            raise ValueError(f"a step takes one token per active row ({self.active}); got {len(ids)}")
+        x = embed(ids, self.w)[:, None, :]  # [active, 1, H]
+        rows = slice(0, self.active)
+        hidden = forward(x, self.w, self.cfg, self.cache, rows, self.cache.lengths[rows].copy())
+        return logits(hidden, self.w)
+
+    def retire(self, row: int) -> None:
+        """Free active row `row`; the last active row (its cache and position) moves into its place."""
+        if not 0 <= row < self.active:
+            raise ValueError(f"row {row} is not one of the {self.active} active rows")
+        self.active -= 1
+        if row != self.active:
+            self.cache.swap(row, self.active)

@@ -1,12 +1,13 @@
-"""Greedy generation for many prompts through a pool of cache rows: prefill each prompt into a free row, then
-advance every unfinished row by one token per step (one pass over the weights for the whole pool). Finished
-rows are swapped to the end so the active rows stay a contiguous prefix of the cache, and free rows take the
-next prompts.
+"""Greedy generation for many prompts through a pool of cache rows (a decoder.Session): admit prompts into
+free rows (prefill), retire the rows that are done, and step every active row by one token (one pass over
+the weights for the whole pool). Retiring moves the last active row into the freed one, so the active rows
+stay a contiguous prefix of the cache, and free rows take the next prompts.
 """
 from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +16,6 @@ from nanoasr.backend import array_module, to_numpy
 from nanoasr.errors import ModelError
 from nanoasr.model import decoder
 from nanoasr.model.config import TextConfig
-from nanoasr.model.decoder import KVCache
 from nanoasr.tensor import StoredTensor, has_nonfinite
 
 MAX_NEW_TOKENS = 512  # hard cap per segment
@@ -96,12 +96,26 @@ def _finish(ids: list[int], budget: int, stop_ids, ignore_stop: bool) -> Generat
     return None
 
 
-def _prefill(e, w, cfg: TextConfig, cache: KVCache, row: int, suppress):  # e [L, H] -> first (ids, lps)
-    hidden = decoder.forward(e[None], w, cfg, cache, slice(row, row + 1), [0])
-    logits = decoder.logits(hidden, w)
+def _first_choice(session: decoder.Session, e, budget: int, suppress):  # e [L, H] -> first (ids, lps)
+    logits = session.prefill(e, room=budget)
     if not array_module(logits).isfinite(logits).all():  # before `suppress` writes its -inf
-        raise _nonfinite_weights(w)
+        raise _nonfinite_weights(session.w)
     return _greedy(logits, suppress)
+
+
+@dataclass
+class _Row:  # the prompt one cache row decodes
+    item: int  # its index among the prompts
+    budget: int
+    ids: list[int]
+    logprobs: list[float]
+
+
+@contextmanager
+def _timed(clock: dict, stage: str):  # adds the block's milliseconds to clock[stage]
+    start = time.perf_counter()
+    yield
+    clock[stage] = clock.get(stage, 0.0) + (time.perf_counter() - start) * 1e3
 
 
 def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, rows=None, timings=None,
@@ -116,60 +130,56 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
     benchmarks).
     """
     suppress = tuple(stop_ids) if ignore_stop else ()
-    pool = rows or len(embeds)
-    prompts = iter(zip(embeds, budgets))
-    cache = None
-    results: list[Generation | None] = []
-    tokens, logprobs, budget_of = [], [], []
-    item_of_row = [0] * pool
-    active, exhausted = 0, False
+    session = decoder.Session(w, cfg, rows or len(embeds))
+    prompts = enumerate(zip(embeds, budgets))
+    live: list[_Row] = []  # live[r] is decoded in cache row r
+    results: dict[int, Generation] = {}
     clock = timings if timings is not None else {}
+    exhausted = False
     while True:
-        while active < pool and not exhausted:  # fill free rows: prefill each new prompt into its row
-            prompt = next(prompts, None)
-            if prompt is None:
-                exhausted = True
-                break
-            e, budget = prompt
-            if cache is None:
-                cache = KVCache(cfg, pool, len(e) + budget, array_module(e))
-            cache.reserve(len(e) + budget)
-            start = time.perf_counter()
-            ids, lps = _prefill(e, w, cfg, cache, active, suppress)
-            clock["prefill"] = clock.get("prefill", 0.0) + (time.perf_counter() - start) * 1e3
-            item_of_row[active] = len(results)
-            results.append(None)
-            tokens.append(ids)
-            logprobs.append(lps)
-            budget_of.append(budget)
-            active += 1
-        row, retired = 0, False
-        while row < active:  # retire finished rows by swapping them behind the active prefix
-            item = item_of_row[row]
-            done = _finish(tokens[item], budget_of[item], stop_ids, ignore_stop)
-            if done is None:
-                row += 1
-                continue
-            kept = logprobs[item][:len(done.ids)]
-            done.avg_logprob = sum(kept) / len(kept) if kept else 0.0
-            results[item] = done
-            if on_done is not None:
-                on_done(item, done)
-            active -= 1
-            retired = True
-            if row != active:
-                cache.swap(row, active)
-                item_of_row[row], item_of_row[active] = item_of_row[active], item_of_row[row]
-        if retired and not exhausted:
+        exhausted = exhausted or _admit(session, prompts, live, suppress, clock)
+        retired = _retire(session, live, results, stop_ids, ignore_stop, on_done)
+        if retired and not exhausted:  # freed rows take the next prompts first
             continue
-        if active == 0:
-            return results
-        start = time.perf_counter()
-        last = [tokens[item_of_row[r]][-1] for r in range(active)]
-        x = decoder.embed(last, w)[:, None, :]  # [B, 1, H]
-        hidden = decoder.forward(x, w, cfg, cache, slice(0, active), cache.lengths[:active].copy())
-        ids, lps = _greedy(decoder.logits(hidden, w), suppress)
-        for r, (t, lp) in enumerate(zip(ids, lps)):
-            tokens[item_of_row[r]].append(t)
-            logprobs[item_of_row[r]].append(lp)
-        clock["decode"] = clock.get("decode", 0.0) + (time.perf_counter() - start) * 1e3
+        if not live:
+            return [results[item] for item in range(len(results))]
+        with _timed(clock, "decode"):
+            ids, lps = _greedy(session.step([row.ids[-1] for row in live]), suppress)
+            for row, token, lp in zip(live, ids, lps):
+                row.ids.append(token)
+                row.logprobs.append(lp)
+
+
+def _admit(session: decoder.Session, prompts, live: list[_Row], suppress, clock: dict) -> bool:
+    """Prefill the next prompts into the free rows; True once no prompt is left."""
+    while session.active < session.rows:
+        prompt = next(prompts, None)
+        if prompt is None:
+            return True
+        item, (e, budget) = prompt
+        with _timed(clock, "prefill"):
+            ids, lps = _first_choice(session, e, budget, suppress)
+        live.append(_Row(item, budget, ids, lps))
+    return False
+
+
+def _retire(session: decoder.Session, live: list[_Row], results: dict, stop_ids, ignore_stop: bool,
+            on_done) -> bool:
+    """Finish the rows whose generation is over, in row order; True when any was."""
+    r, retired = 0, False
+    while r < len(live):
+        row = live[r]
+        done = _finish(row.ids, row.budget, stop_ids, ignore_stop)
+        if done is None:
+            r += 1
+            continue
+        kept = row.logprobs[:len(done.ids)]
+        done.avg_logprob = sum(kept) / len(kept) if kept else 0.0
+        results[row.item] = done
+        if on_done is not None:
+            on_done(row.item, done)
+        session.retire(r)  # the last active row moves into row r, and is checked next
+        live[r] = live[-1]
+        live.pop()
+        retired = True
+    return retired

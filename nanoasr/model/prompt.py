@@ -1,8 +1,11 @@
 """The transcription prompt (DESIGN §3): chat template text around n audio placeholder tokens.
 
-The text pieces before and after the audio slot are tokenized separately, as the reference does.
+The text pieces before and after the audio slot are tokenized separately, as the reference does, once per
+call (a Template); each segment fills its audio slot.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,7 +22,7 @@ MAX_HOTWORDS = 100  # many hotwords make looping output likely
 MAX_HOTWORD_CHARS = 100  # one term or name
 MAX_HOTWORDS_CHARS = 4096  # all hotwords together
 MAX_CONTEXT_CHARS = 4096  # the server's `prompt` field has the same limit
-MAX_PROMPT_TOKENS = 4096  # text tokens around the audio, template included; checked where the ids are made
+MAX_PROMPT_TOKENS = 4096  # text tokens around the audio, template included; checked when they are tokenized
 
 # The checkpoints know languages by the Chinese names of FunAudioLLM/Fun-ASR's README usage example (中文、英文、
 # 日文 for Fun-ASR-Nano-2512; 31 for Fun-ASR-MLT-Nano-2512, in this order); users give ISO codes or names.
@@ -91,15 +94,31 @@ def _checked_hotwords(hotwords) -> list[str]:  # stripped, empty ones dropped, w
     return hotwords
 
 
-def prompt_ids(tokenizer, n_audio: int, **options) -> tuple[np.ndarray, int]:
-    """(ids [L] int64 with n_audio placeholders, index of the first placeholder)."""
-    before = tokenizer.encode(SYSTEM + instruction(**options))
-    after = tokenizer.encode(SUFFIX)
+@dataclass(frozen=True)
+class Template:
+    """A call's prompt as token ids around the audio slot: tokenized once, filled for each segment."""
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    audio_id: int
+
+    @property
+    def text_tokens(self) -> int:
+        return len(self.before) + len(self.after)
+
+    def ids(self, n_audio: int) -> tuple[np.ndarray, int]:
+        """(ids [L] int64 with n_audio placeholders, index of the first placeholder)."""
+        ids = np.array(self.before + (self.audio_id,) * n_audio + self.after, dtype=np.int64)
+        return ids, len(self.before)
+
+
+def template(tokenizer, **options) -> Template:
+    """The prompt's text pieces tokenized, held to MAX_PROMPT_TOKENS; `options` as for `instruction`."""
+    before = tuple(tokenizer.encode(SYSTEM + instruction(**options)))
+    after = tuple(tokenizer.encode(SUFFIX))
     if len(before) + len(after) > MAX_PROMPT_TOKENS:
         raise OptionError(f"the prompt is limited to {MAX_PROMPT_TOKENS} text tokens; hotwords and context "
                           f"make it {len(before) + len(after)}")
-    ids = np.array(before + [tokenizer.audio] * n_audio + after, dtype=np.int64)
-    return ids, len(before)
+    return Template(before, after, tokenizer.audio)
 
 
 def n_audio_tokens(n_frames: int, reference: str, low_frame_rate: bool = True) -> int:

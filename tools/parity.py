@@ -1,9 +1,9 @@
-"""Shared checks of nanoasr's stages against Transformers reference outputs (tools/reference/dump.py)."""
+"""nanoasr's stages against Transformers reference outputs (tools/reference/dump.py): the stage outputs and
+teacher-forced logits of one waveform, and the checks the parity tests and tools/gguf_drift.py share."""
 import numpy as np
 
 from nanoasr.api import Options
 from nanoasr.model import decoder, generate, prompt
-from nanoasr.model.decoder import KVCache
 
 # Unit-scale log-mels (transformers profile) hold 2e-4; the x32768 scale of the funasr profile puts quiet
 # bins' float32 power sums at the edge of single precision, so it is held to kaldi-native-fbank's 1e-3.
@@ -23,14 +23,10 @@ def stage_outputs(model, wave, reference, prompt_options):
 
 
 def teacher_forced_logits(model, embeds, forced_ids, steps):  # -> [steps, vocab]: prefill, then cached steps
-    cfg = model.config.text
-    cache = KVCache(cfg, 1, len(embeds) + steps)
-    out = [decoder.logits(decoder.forward(embeds[None], model.weights, cfg, cache, slice(0, 1), [0]),
-                          model.weights)[0]]
+    session = decoder.Session(model.weights, model.config.text, rows=1)
+    out = [session.prefill(embeds, room=steps)[0]]
     for t in range(steps - 1):
-        x = decoder.embed([forced_ids[t]], model.weights)[None]
-        hidden = decoder.forward(x, model.weights, cfg, cache, slice(0, 1), [len(embeds) + t])
-        out.append(decoder.logits(hidden, model.weights)[0])
+        out.append(session.step([forced_ids[t]])[0])
     return np.stack(out)
 
 
@@ -54,14 +50,12 @@ def check_case(model, ref, reference, prompt_options):
 
 
 def full_sequence_logits(model, embeds, ids):  # prompt + ids in one uncached forward -> [len(ids), vocab]
-    cfg = model.config.text
     x = np.concatenate([embeds, decoder.embed(ids, model.weights)])
-    cache = KVCache(cfg, 1, len(x))
+    session = decoder.Session(model.weights, model.config.text, rows=1)
     out = []
     for end in range(len(embeds), len(x) + 1):  # a fresh prefill per length: no cached step is involved
-        cache.lengths[:] = 0
-        hidden = decoder.forward(x[None, :end], model.weights, cfg, cache, slice(0, 1), [0])
-        out.append(decoder.logits(hidden, model.weights)[0])
+        out.append(session.prefill(x[:end], room=len(x) - end)[0])
+        session.retire(0)
     return np.stack(out)
 
 
