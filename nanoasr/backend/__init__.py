@@ -36,6 +36,7 @@ class Kernels:
     apply_rope: Callable
     fsmn: Callable
     decode_attention: Callable
+    mask_inplace: Callable
     stored_matmul: Callable
     take_rows: Callable
 

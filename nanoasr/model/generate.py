@@ -99,7 +99,7 @@ def _finish(ids: list[int], budget: int, stop_ids, ignore_stop: bool) -> Generat
 def _prefill(e, w, cfg: TextConfig, cache: KVCache, row: int, suppress):  # e [L, H] -> first (ids, lps)
     hidden = decoder.forward(e[None], w, cfg, cache, slice(row, row + 1), [0])
     logits = decoder.logits(hidden, w)
-    if not array_module(logits).isfinite(logits).all():  # before `suppress` writes its -inf
+    if not to_numpy(array_module(logits).isfinite(logits).all()):  # before `suppress` writes its -inf
         raise _nonfinite_weights(w)
     return _greedy(logits, suppress)
 
