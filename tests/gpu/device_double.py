@@ -126,6 +126,9 @@ class DeviceArray(NDArrayOperatorsMixin):
     def all(self, axis=None):
         return self._wrap(self._a.all(axis=axis))
 
+    def argmax(self, axis=None):
+        return self._wrap(self._a.argmax(axis=axis))
+
 
 def _operand(x):
     """What numpy computes with: the array inside a device array; scalars as they are; host arrays refused."""
