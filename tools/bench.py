@@ -93,21 +93,33 @@ def child_nanoasr(args) -> dict:
             out[f"step_ms_ctx{context}_b{batch}"] = ms
     out["batch8_speedup"] = 8 * out["step_ms_ctx64_b1"] / out["step_ms_ctx64_b8"]
     if args.long_seconds:
-        long_wave = speech_like(args.long_seconds, seed=2, silence_every_s=45)
-        result = model.transcribe(long_wave, sample_rate=16000, reference=args.reference)
-        out["long_rtf"] = result.timings["total"] / 1e3 / args.long_seconds
-        out["long_stage_s"] = {k: round(v / 1e3, 2) for k, v in result.timings.items()}
-        out["long_segments"] = len(result.segments)
-        out["long_tokens"] = sum(len(s.token_ids) for s in result.segments)
-        import nanoasr.api
-
-        batch, nanoasr.api.BATCH_SIZE = nanoasr.api.BATCH_SIZE, 1  # the same segments one after another
-        sequential = model.transcribe(long_wave, sample_rate=16000, reference=args.reference)
-        nanoasr.api.BATCH_SIZE = batch
-        out["long_sequential_rtf"] = sequential.timings["total"] / 1e3 / args.long_seconds
-        out["long_batched_equals_sequential"] = [s.token_ids for s in result.segments] == [
-            s.token_ids for s in sequential.segments]
+        out.update(long_audio(model, args))
     out.update(device_figures(model))
+    return out
+
+
+def long_audio(model, args) -> dict:
+    """RTF and stages of a long synthesized recording with pauses; with --long-sequential, also decoded one
+    segment after another (the same ids expected)."""
+    from tools.synth import speech_like
+
+    out = {}
+    long_wave = speech_like(args.long_seconds, seed=2, silence_every_s=45)
+    result = model.transcribe(long_wave, sample_rate=16000, reference=args.reference)
+    out["long_rtf"] = result.timings["total"] / 1e3 / args.long_seconds
+    out["long_stage_s"] = {k: round(v / 1e3, 2) for k, v in result.timings.items()}
+    out["long_segments"] = len(result.segments)
+    out["long_tokens"] = sum(len(s.token_ids) for s in result.segments)
+    if not args.long_sequential:
+        return out
+    import nanoasr.api
+
+    batch, nanoasr.api.BATCH_SIZE = nanoasr.api.BATCH_SIZE, 1  # the same segments one after another
+    sequential = model.transcribe(long_wave, sample_rate=16000, reference=args.reference)
+    nanoasr.api.BATCH_SIZE = batch
+    out["long_sequential_rtf"] = sequential.timings["total"] / 1e3 / args.long_seconds
+    out["long_batched_equals_sequential"] = [s.token_ids for s in result.segments] == [
+        s.token_ids for s in sequential.segments]
     return out
 
 
@@ -224,7 +236,7 @@ def run_child(kind: str, model: str, args, **extra) -> dict:
     cmd = [python, __file__, "child", kind, "--model", model, "--seconds", str(args.seconds),
            "--tokens", str(args.tokens), "--threads", str(args.threads), "--reference", args.reference,
            "--long-seconds", str(args.long_seconds if model == (args.long_model or model) else 0),
-           "--device", args.device]
+           "--device", args.device, "--long-sequential" if args.long_sequential else "--no-long-sequential"]
     for key, value in extra.items():
         cmd += [f"--{key}", str(value)]
     print(f"bench: {kind} {model} {extra or ''}", file=sys.stderr, flush=True)
@@ -349,6 +361,8 @@ def main() -> int:
     parser.add_argument("--long-seconds", type=int, default=0,
                         help="also time this much long audio (segments)")
     parser.add_argument("--long-model", default=None, help="run the long audio on this --model only")
+    parser.add_argument("--long-sequential", default=True, action=argparse.BooleanOptionalAction,
+                        help="time the long audio's segments one by one as well")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where nanoasr runs")
     parser.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))

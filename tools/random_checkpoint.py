@@ -1,12 +1,13 @@
 """A random-weight Fun-ASR-Nano checkpoint at the real model's sizes, with numpy alone (no torch, no network).
 
-    python tools/random_checkpoint.py OUT_DIR [--seed N] [--gguf f32,q8_0,q4_k_m]
+    python tools/random_checkpoint.py OUT_DIR [--seed N]
 
 Writes OUT_DIR/config.json (the tiny fixture's config with Config()'s sizes, which are Fun-ASR-Nano-2512's),
-tokenizer.json (the fixture's: the full Qwen3 vocabulary), model.safetensors in BF16 as the official file, and
-OUT_DIR/model-<type>.gguf for each type asked for. The weights are drawn at the scales tools/reference/checkpoint.py
-uses (matrices N(0, 1/fan_in), norm gains 1 + N(0, 0.1), biases N(0, 0.1), embeddings 0.1 N(0, 1)), so greedy ids
-are a sharp comparison; tools/reference builds the same layout through Transformers where torch is installed.
+tokenizer.json (the fixture's: the full Qwen3 vocabulary) and model.safetensors in BF16, as the official file.
+The weights are drawn at the scales tools/reference/checkpoint.py uses (matrices N(0, 1/fan_in), norm
+gains 1 + N(0, 0.1), biases N(0, 0.1), embeddings 0.1 N(0, 1)), so greedy ids are a sharp comparison;
+tools/reference builds the same layout through Transformers where torch is installed. `nanoasr convert`
+makes GGUFs of it.
 """
 from __future__ import annotations
 
@@ -79,14 +80,12 @@ def write_safetensors(path: Path, config: Config, seed: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--gguf", default="", help="comma-separated GGUF types to convert to as well")
     args = parser.parse_args()
-    from nanoasr import convert
     from nanoasr.model.config import from_dict
-    from nanoasr.model.load import load_checkpoint
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -94,8 +93,6 @@ def main() -> int:
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     (out / "tokenizer.json").write_bytes(gzip.decompress((TINY / "tokenizer.json.gz").read_bytes()))
     write_safetensors(out / "model.safetensors", from_dict(raw), args.seed)
-    for target in filter(None, args.gguf.split(",")):
-        convert.write(out / f"model-{target}.gguf", load_checkpoint(out), target, report=False, progress=None)
     return 0
 
 
