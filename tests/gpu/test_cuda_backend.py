@@ -120,32 +120,46 @@ def test_matrices_stay_in_their_stored_type_on_the_device(double, dtype, cols):
     assert log.down == []
 
 
-def transfers_per_choice(log, monkeypatch):
-    """Counts, from now on, the greedy choices (rows of each) and the prefills: the transfers they allow."""
-    choices, prefills = [], []
-    greedy, prefill = generate._greedy, generate._prefill
+class Choices:
+    """From its making on, the greedy choices (rows of each) and the prefills, and the copies to the device
+    counted at each choice."""
 
-    def counted_greedy(logits, suppress=()):
-        choices.append(logits.shape[0])
-        return greedy(logits, suppress)
+    def __init__(self, log: Transfers, monkeypatch):
+        self.rows, self.prefills, self.uploads = [], 0, []
+        greedy, prefill = generate._greedy, generate._prefill
 
-    def counted_prefill(*args):
-        prefills.append(1)
-        return prefill(*args)
+        def counted_greedy(logits, suppress=()):
+            self.rows.append(logits.shape[0])
+            self.uploads.append(log.up)
+            return greedy(logits, suppress)
 
-    monkeypatch.setattr(generate, "_greedy", counted_greedy)
-    monkeypatch.setattr(generate, "_prefill", counted_prefill)
-    log.down.clear()
+        def counted_prefill(*args):
+            self.prefills += 1
+            return prefill(*args)
 
-    def allowed() -> Counter:
+        monkeypatch.setattr(generate, "_greedy", counted_greedy)
+        monkeypatch.setattr(generate, "_prefill", counted_prefill)
+        log.down.clear()
+
+    def allowed_reads(self) -> Counter:
         """Per choice of B rows: the ids (int64 [B]) and their log-probabilities (float32 [B]); per prefill:
         the one flag saying its logits are finite."""
-        out = Counter({((), "bool"): len(prefills)})
-        for b in choices:
+        out = Counter({((), "bool"): self.prefills})
+        for b in self.rows:
             out[((b,), "int64")] += 1
             out[((b,), "float32")] += 1
         return out
-    return allowed
+
+    def uploads_per_step(self) -> int:
+        """The most copies to the device between two choices: a decode step's, when one prompt was run."""
+        assert self.prefills == 1 and len(self.uploads) > 1
+        return int(np.diff(self.uploads).max())
+
+
+def most_uploads_per_step(layers: int) -> int:
+    """The token ids, the positions, the stop ids a forced step suppresses, and each layer's cache lengths
+    (host bookkeeping, copied, never read back)."""
+    return 3 + layers
 
 
 @pytest.fixture(scope="module")
@@ -165,11 +179,12 @@ def test_transcription_on_the_device_matches_the_cpu(double, monkeypatch, tiny_d
     on_cpu = Model.load(path).transcribe(wave, sample_rate=16000, max_new_tokens=6, ignore_stop=True)
     model = Model.load(path, device="cuda")
     assert isinstance(model.weights["model.language_model.embed_tokens.weight"].data, DeviceArray)
-    allowed = transfers_per_choice(log, monkeypatch)
+    choices = Choices(log, monkeypatch)
     got = model.transcribe(wave, sample_rate=16000, max_new_tokens=6, ignore_stop=True)
     assert [s.token_ids for s in got.segments] == [s.token_ids for s in on_cpu.segments]
     assert len(got.segments[0].token_ids) == 6
-    assert Counter(log.down) == allowed()
+    assert Counter(log.down) == choices.allowed_reads()
+    assert 0 < choices.uploads_per_step() <= most_uploads_per_step(model.config.text.num_hidden_layers)
     assert {name for name, _, _ in launches} == {"matvec", "widen"}
 
 
@@ -182,9 +197,9 @@ def test_batched_generation_on_the_device_matches_the_cpu(double, monkeypatch, t
     prompts = [rng.standard_normal((n, cfg.hidden_size)).astype(np.float32) for n in (7, 12, 4)]
     budgets, stop = [5, 3, 4], on_cpu.tokenizer.stop_ids
     want = generate.generate(prompts, budgets, on_cpu.weights, cfg, stop, ignore_stop=True, rows=2)
-    allowed = transfers_per_choice(log, monkeypatch)
+    choices = Choices(log, monkeypatch)
     got = generate.generate([on_device(p) for p in prompts], budgets, model.weights, cfg, stop,
                             ignore_stop=True, rows=2)
     assert [g.ids for g in got] == [g.ids for g in want]
-    assert Counter(log.down) == allowed()
+    assert Counter(log.down) == choices.allowed_reads()
     assert ((2,), "int64") in log.down  # two rows decoded in one step
