@@ -11,6 +11,7 @@ numba's no-sync view of a foreign array is the array itself. The kernels are pro
 test_cuda_kernels.py; the simulator could not run the tiny model's 151936-row LM head in a CI test's time.
 """
 import sys
+import types
 from collections import Counter
 
 import numpy as np
@@ -30,19 +31,18 @@ from tools.synth import speech_like
 
 class NumpyKernel:
     """Stands for one numba.cuda kernel: kernel[grid, block, stream](*device arrays) runs `twin` on the arrays
-    inside them, and the launch is recorded as (kernel name, storage type, rows of x or of the output)."""
+    inside them, and the launch is recorded as (kernel, storage type, rows of x or of the output, stream)."""
 
     def __init__(self, name, dtype, twin, launches):
         self.name, self.dtype, self.twin, self.launches = name, dtype, twin, launches
 
     def __getitem__(self, launch):
         grid, block, stream = launch
-        assert stream == 0, "launched off CuPy's current stream (the default one here)"
 
         def run(*args):
             assert all(isinstance(a, DeviceArray) for a in args), "a kernel was given a host array"
             self.launches.append((self.name, self.dtype, args[0].shape[0] if self.name == "matvec" else
-                                  args[-1].shape[0]))
+                                  args[-1].shape[0], stream))
             self.twin(self.dtype, *(a._a for a in args))
         return run
 
@@ -115,7 +115,7 @@ def test_matrices_stay_in_their_stored_type_on_the_device(double, dtype, cols):
         np.testing.assert_allclose(y._a, x @ w.T, rtol=1e-5, atol=1e-5)
     launches.clear()
     rows = cuda.kernels.take_rows(m, [4, 0, 4])
-    assert launches == [("widen", dtype, 3)]
+    assert launches == [("widen", dtype, 3, 0)]  # on the default stream, CuPy's current one here
     np.testing.assert_array_equal(rows._a, w[[4, 0, 4]])
     assert log.down == []
 
@@ -185,7 +185,7 @@ def test_transcription_on_the_device_matches_the_cpu(double, monkeypatch, tiny_d
     assert len(got.segments[0].token_ids) == 6
     assert Counter(log.down) == choices.allowed_reads()
     assert 0 < choices.uploads_per_step() <= most_uploads_per_step(model.config.text.num_hidden_layers)
-    assert {name for name, _, _ in launches} == {"matvec", "widen"}
+    assert {(name, stream) for name, _, _, stream in launches} == {("matvec", 0), ("widen", 0)}
 
 
 def test_batched_generation_on_the_device_matches_the_cpu(double, monkeypatch, tiny_dir):
@@ -203,3 +203,22 @@ def test_batched_generation_on_the_device_matches_the_cpu(double, monkeypatch, t
     assert [g.ids for g in got] == [g.ids for g in want]
     assert Counter(log.down) == choices.allowed_reads()
     assert ((2,), "int64") in log.down  # two rows decoded in one step
+
+
+def test_kernels_launch_on_cupys_current_stream(double, monkeypatch):
+    """A stream of CuPy's own (here pointer 7) reaches the kernels as numba's handle on it, made once."""
+    _, launches = double
+    cupy = sys.modules["cupy"]
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: types.SimpleNamespace(ptr=7))
+    cuda = backend.resolve("cuda")
+    handles, table = [], cuda.kernels  # imports nanoasr.backend.cuda, on the stand-in
+    numba_cuda = sys.modules["nanoasr.backend.cuda"].cuda
+    monkeypatch.setattr(numba_cuda, "external_stream", lambda ptr: handles.append(ptr) or f"stream {ptr}")
+    data, _ = stored(np.random.default_rng(0), "q8_0", 3, 32)
+    m = cuda.place({"m": StoredTensor(data, "q8_0", (3, 32))}, set())["m"]
+    launches.clear()
+    for n in (1, 9):
+        table.stored_matmul(on_device(np.ones((n, 32), np.float32)), m)
+    assert [(kernel, stream) for kernel, _, _, stream in launches] == [("matvec", "stream 7"),
+                                                                       ("widen", "stream 7")]
+    assert handles == [7]
