@@ -89,8 +89,11 @@ def softmax_inplace_xp(x):  # the array-module twin of the kernel: no temporarie
 
 
 def mask_inplace(scores, keep):  # scores [..., n, m], keep bool broadcastable to it: dropped -> -inf
-    if not keep.all():
-        array_module(scores).copyto(scores, np.float32(-np.inf), where=~keep)
+    return kernels_for(scores).mask_inplace(scores, keep)
+
+
+def mask_inplace_xp(scores, keep):  # the array-module twin: one masked copy, whatever keep holds
+    array_module(scores).copyto(scores, np.float32(-np.inf), where=~keep)
     return scores
 
 

@@ -41,8 +41,13 @@ def test_auto_without_a_usable_gpu_warns_once_and_runs_on_the_cpu(monkeypatch):
         backend.resolve("cuda")
 
 
-def stand_in_cupy(monkeypatch, asarray=np.asarray, asnumpy=np.asarray):
-    """A module named cupy that sees one GPU, with the given host<->device copies."""
+def widened_right(cupy):
+    return backend.BF16_CHECK[1]
+
+
+def stand_in_cupy(monkeypatch, asarray=np.asarray, asnumpy=np.asarray, kernel=widened_right):
+    """A module named cupy that sees one GPU, with the given host<->device copies, and the given answer of
+    nanoasr's own kernel in the self-check."""
     cupy = types.ModuleType("cupy")
     cupy.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
     cupy.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 1))
@@ -50,6 +55,7 @@ def stand_in_cupy(monkeypatch, asarray=np.asarray, asnumpy=np.asarray):
     cupy.asarray, cupy.asnumpy = asarray, asnumpy
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setattr(backend, "_cuda", None)
+    monkeypatch.setattr(backend, "kernel_round_trip", kernel)
     return cupy
 
 
@@ -57,11 +63,17 @@ def broken_toolkit(_):
     raise RuntimeError("CUDA_ERROR_NO_BINARY_FOR_GPU")
 
 
-@pytest.mark.parametrize("asarray, asnumpy, problem", [
-    (broken_toolkit, np.asarray, "RuntimeError: CUDA_ERROR_NO_BINARY_FOR_GPU"),
-    (np.asarray, np.zeros_like, "a test computation gave wrong numbers")])
-def test_a_gpu_failing_its_self_check_is_not_used(monkeypatch, asarray, asnumpy, problem):
-    stand_in_cupy(monkeypatch, asarray, asnumpy)
+def no_nvvm(cupy):
+    raise ImportError("libNVVM cannot be found")
+
+
+@pytest.mark.parametrize("asarray, asnumpy, kernel, problem", [
+    (broken_toolkit, np.asarray, widened_right, "RuntimeError: CUDA_ERROR_NO_BINARY_FOR_GPU"),
+    (np.asarray, np.zeros_like, widened_right, "a test computation gave wrong numbers"),
+    (np.asarray, np.asarray, no_nvvm, "ImportError: libNVVM cannot be found"),
+    (np.asarray, np.asarray, lambda cupy: -backend.BF16_CHECK[1], "a test computation gave wrong numbers")])
+def test_a_gpu_failing_its_self_check_is_not_used(monkeypatch, asarray, asnumpy, kernel, problem):
+    stand_in_cupy(monkeypatch, asarray, asnumpy, kernel)
     assert backend.cuda_status() == (False, f"the GPU failed a self-check: {problem}")
     with pytest.warns(UserWarning, match=f"no usable GPU \\(the GPU failed a self-check: {problem}\\)"):
         assert backend.resolve("auto") is backend.CPU

@@ -164,3 +164,16 @@ def test_threads_are_scoped_and_restored():
     assert numba.get_num_threads() == before
     with backend.threads(None):
         assert numba.get_num_threads() == before
+
+
+def test_cpu_masking_skips_the_masked_copy_when_nothing_is_masked(monkeypatch):
+    """The CPU sees for free that a mask keeps everything (an unpadded batch); the twin, which CUDA runs,
+    always copies, since asking would read the mask back to the host."""
+    twin = record(monkeypatch, ops, "mask_inplace_xp")
+    scores = f32(2, 3)
+    kept = scores.copy()
+    assert ops.mask_inplace(scores, np.ones((2, 3), bool)) is scores and twin == []
+    np.testing.assert_array_equal(scores, kept)
+    ops.mask_inplace(scores, np.array([[True, False, True]]))
+    assert len(twin) == 1 and np.isneginf(scores[:, 1]).all()
+    np.testing.assert_array_equal(scores[:, ::2], kept[:, ::2])

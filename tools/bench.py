@@ -2,7 +2,8 @@
 
     python tools/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
                           [--llama-gguf qwen3.gguf] [--seconds 10] [--tokens 40] [--long-seconds 600]
-                          [--threads 2] [--json out.json] [--report docs/reports/performance.md]
+                          [--threads 2] [--device cpu|cuda] [--json out.json]
+                          [--report docs/reports/performance.md]
 
 Each configuration runs in its own process (so peak RSS is its own), with OPENBLAS_CORETYPE and
 OPENBLAS_L2_SIZE unset: users' machines do not set them, and they halve numpy's GEMM speed.
@@ -33,12 +34,29 @@ def peak_rss_mb() -> float:
 
 # --- children ---------------------------------------------------------------------------------------
 
+def synchronize(model) -> None:
+    """Wait for the work queued on the device: CuPy runs asynchronously, so a timer stops only after this."""
+    if model.backend.name == "cuda":
+        model.backend.xp.cuda.get_current_stream().synchronize()
+
+
+def device_figures(model) -> dict:
+    """The GPU's name and the device memory CuPy's pool holds (its peak: the pool returns nothing)."""
+    if model.backend.name != "cuda":
+        return {}
+    cupy = model.backend.xp
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    return {"device": name.decode() if isinstance(name, bytes) else name,
+            "peak_device_mb": cupy.get_default_memory_pool().total_bytes() / 2**20}
+
+
 def child_nanoasr(args) -> dict:
     from nanoasr.api import Model
     from tools.synth import speech_like
 
     start = time.perf_counter()
-    model = Model.load(args.model, threads=args.threads)
+    model = Model.load(args.model, device=args.device, threads=args.threads)
+    synchronize(model)
     out = {"load_s": time.perf_counter() - start}
     wave = speech_like(args.seconds, seed=1)
     kwargs = dict(sample_rate=16000, max_new_tokens=args.tokens, ignore_stop=True, reference=args.reference)
@@ -55,6 +73,7 @@ def child_nanoasr(args) -> dict:
     out["batch8_speedup"] = 8 * out["step_ms_ctx64_b1"] / out["step_ms_ctx64_b8"]
     if args.long_seconds:
         out.update(long_audio(model, args))
+    out.update(device_figures(model))
     return out
 
 
@@ -65,36 +84,43 @@ def step_times(model) -> dict:
     from nanoasr import backend
     from nanoasr.model import decoder
 
-    cfg = model.config.text
+    cfg, xp = model.config.text, model.backend.xp
     rng = np.random.default_rng(0)
     out = {}
     for context, batch in ((64, 1), (64, 8), (512, 1)):
         session = decoder.Session(model.weights, cfg, rows=batch)
         with backend.threads(model.threads):
             for _ in range(batch):
-                session.prefill(rng.standard_normal((context, cfg.hidden_size)).astype(np.float32), room=40)
-            step = lambda: session.step([1000] * batch).argmax(axis=-1)  # noqa: E731
+                embeds = rng.standard_normal((context, cfg.hidden_size)).astype(np.float32)
+                session.prefill(xp.asarray(embeds), room=40)
+
+            def step():  # ends as a decode step does: the chosen ids on the host
+                backend.to_numpy(session.step([1000] * batch).argmax(axis=-1))
+
             step()
             out[f"step_ms_ctx{context}_b{batch}"] = median_ms(step, 12)
     return out
 
 
 def long_audio(model, args) -> dict:
-    """A long recording segmented and decoded 8 segments at a time, and again one segment at a time."""
+    """A long recording segmented and decoded 8 segments at a time, and (with --long-sequential) again one
+    segment at a time."""
     from nanoasr.api import Model
     from tools.synth import speech_like
 
     wave = speech_like(args.long_seconds, seed=2, silence_every_s=45)
     result = model.transcribe(wave, sample_rate=16000, reference=args.reference)
+    out = {"long_rtf": result.timings["total"] / 1e3 / args.long_seconds,
+           "long_stage_s": {k: round(v / 1e3, 2) for k, v in result.timings.items()},
+           "long_segments": len(result.segments),
+           "long_tokens": sum(len(s.token_ids) for s in result.segments)}
+    if not args.long_sequential:
+        return out
     one_by_one = Model(model.checkpoint, model.backend.name, model.threads, batch_size=1)
     sequential = one_by_one.transcribe(wave, sample_rate=16000, reference=args.reference)
-    return {"long_rtf": result.timings["total"] / 1e3 / args.long_seconds,
-            "long_stage_s": {k: round(v / 1e3, 2) for k, v in result.timings.items()},
-            "long_segments": len(result.segments),
-            "long_tokens": sum(len(s.token_ids) for s in result.segments),
-            "long_sequential_rtf": sequential.timings["total"] / 1e3 / args.long_seconds,
-            "long_batched_equals_sequential": [s.token_ids for s in result.segments] == [
-                s.token_ids for s in sequential.segments]}
+    return dict(out, long_sequential_rtf=sequential.timings["total"] / 1e3 / args.long_seconds,
+                long_batched_equals_sequential=[s.token_ids for s in result.segments] == [
+                    s.token_ids for s in sequential.segments])
 
 
 def stage_times(model, threads: int) -> dict:
@@ -114,14 +140,18 @@ def stage_times(model, threads: int) -> dict:
         out["frontend_60s_1thread_ms"] = median_ms(lambda: model.features([minute], "funasr"), 3)
     with backend.threads(model.threads):
         feats, mask = model.features([minute[:30 * 16000]], "funasr")
-        audio = lambda: model.adapt(model.encode(feats, mask), mask, "funasr")  # noqa: E731
+
+        def audio():
+            model.adapt(model.encode(feats, mask), mask, "funasr")
+            synchronize(model)
         audio()
         out["encoder_adaptor_30s_ms"] = median_ms(audio, 3)
-        cfg = model.config.text
-        x = np.random.default_rng(0).standard_normal((196, cfg.hidden_size)).astype(np.float32)
+        cfg, xp = model.config.text, model.backend.xp
+        x = xp.asarray(np.random.default_rng(0).standard_normal((196, cfg.hidden_size)).astype(np.float32))
 
         def prefill():
             decoder.Session(model.weights, cfg, rows=1).prefill(x, room=4)
+            synchronize(model)
         prefill()
         out["prefill196_ms"] = median_ms(prefill, 3)
     return out
@@ -204,7 +234,8 @@ def run_child(kind: str, model: str, args, **extra) -> dict:
     python = args.llama_python if kind == "llama" else sys.executable
     cmd = [python, __file__, "child", kind, "--model", model, "--seconds", str(args.seconds),
            "--tokens", str(args.tokens), "--threads", str(args.threads), "--reference", args.reference,
-           "--long-seconds", str(args.long_seconds if model == (args.long_model or model) else 0)]
+           "--long-seconds", str(args.long_seconds if model == (args.long_model or model) else 0),
+           "--device", args.device, "--long-sequential" if args.long_sequential else "--no-long-sequential"]
     for key, value in extra.items():
         cmd += [f"--{key}", str(value)]
     print(f"bench: {kind} {model} {extra or ''}", file=sys.stderr, flush=True)
@@ -246,6 +277,7 @@ COLUMNS = (  # (header, keys tried in order)
     ("batched = sequential ids", ("long_batched_equals_sequential",)),
     ("peak RSS MB", ("peak_rss_mb",)),
 )
+DEVICE_COLUMNS = (("peak device MB", ("peak_device_mb",)), ("device", ("device",)))  # runs on a GPU only
 
 
 def _fmt(v) -> str:
@@ -260,13 +292,15 @@ def report(results: dict, args) -> str:
     lines = ["# Performance", "", f"Produced by `python tools/bench.py {' '.join(sys.argv[1:])}` "
              f"({args.threads} threads, {args.seconds} s of speech-like audio with {args.tokens} tokens "
              f"forced, `{args.reference}` profile, OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset).", "",
-             f"Machine: {results['machine']}", "",
-             "| run | " + " | ".join(h for h, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+             f"Machine: {results['machine']}", ""]
+    on_device = any("peak_device_mb" in r for r in results["runs"].values())
+    columns = COLUMNS + DEVICE_COLUMNS if on_device else COLUMNS
+    lines += ["| run | " + " | ".join(h for h, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for name, r in results["runs"].items():
         if "error" in r:
             lines.append(f"| {name} | failed: {r['error']} |")
             continue
-        cells = [next((r[k] for k in keys if k in r), None) for _, keys in COLUMNS]
+        cells = [next((r[k] for k in keys if k in r), None) for _, keys in columns]
         lines.append(f"| {name} | " + " | ".join(_fmt(c) for c in cells) + " |")
     lines += ["", *ratios(results["runs"])]
     lines += ["", "Decode ms/token is the median step of a forced generation after a 10 s clip's prompt; "
@@ -326,7 +360,10 @@ def main() -> int:
     parser.add_argument("--long-seconds", type=int, default=0,
                         help="also time this much long audio (segments)")
     parser.add_argument("--long-model", default=None, help="run the long audio on this --model only")
+    parser.add_argument("--long-sequential", default=True, action=argparse.BooleanOptionalAction,
+                        help="time the long audio's segments one by one as well")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where nanoasr runs")
     parser.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))
     parser.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="write the results here")

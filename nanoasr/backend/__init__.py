@@ -36,6 +36,7 @@ class Kernels:
     apply_rope: Callable
     fsmn: Callable
     decode_attention: Callable
+    mask_inplace: Callable
     stored_matmul: Callable
     take_rows: Callable
 
@@ -86,16 +87,29 @@ def cuda_status() -> tuple[bool, str]:
 
 def self_check(cupy) -> str | None:
     """What went wrong in a tiny round trip on the GPU (upload, a compiled elementwise kernel, a reduction,
-    download), or None when it gives the host's answer. A broken driver or toolkit shows here, not mid-run."""
+    one of nanoasr's numba.cuda kernels, download), or None when it gives the host's answers. A broken driver,
+    toolkit or numba-cuda shows here, not mid-run."""
     host = np.arange(64, dtype=np.float32)
     try:
         x = cupy.asarray(host)
         got = cupy.asnumpy(x * x + x.sum())
-    except Exception as exc:  # CUDA, NVRTC and driver errors all end the check
+        widened = cupy.asnumpy(kernel_round_trip(cupy))
+    except Exception as exc:  # CUDA, NVRTC, NVVM, driver and import errors all end the check
         return f"{type(exc).__name__}: {exc}"
-    if not np.array_equal(got, host * host + host.sum()):
+    if not (np.array_equal(got, host * host + host.sum()) and np.array_equal(widened, BF16_CHECK[1])):
         return "a test computation gave wrong numbers"
     return None
+
+
+BF16_CHECK = (np.array([[0x3F80, 0xC000, 0x0000, 0x4040]], np.uint16), np.array([[1, -2, 0, 3]], np.float32))
+
+
+def kernel_round_trip(cupy):
+    """BF16_CHECK's bits widened on the GPU by nanoasr's own kernel (compiled there by numba-cuda)."""
+    from nanoasr.kernels import cuda as gk
+
+    bits = BF16_CHECK[0]
+    return gk.widen(cupy.asarray(bits), "bf16", bits.shape, cupy.empty(bits.shape, cupy.float32))
 
 
 def resolve(device: str = "auto") -> Backend:

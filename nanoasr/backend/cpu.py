@@ -65,6 +65,10 @@ def decode_attention(q, keys, values, lengths):  # the kernel checks lengths aga
     return ops.decode_attention_xp(q, keys, values, lengths)
 
 
+def mask_inplace(scores, keep):  # nothing to mask (an unpadded batch) is seen on the host at no cost
+    return scores if keep.all() else ops.mask_inplace_xp(scores, keep)
+
+
 def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, out]
     out_features, in_features = w.shape
     x = np.ascontiguousarray(rows, dtype=np.float32)
@@ -88,7 +92,8 @@ def _widen_buffer(rows: int, cols: int) -> np.ndarray:
 
 KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
                   softmax_inplace=softmax_inplace, swiglu=swiglu, apply_rope=apply_rope, fsmn=fsmn,
-                  decode_attention=decode_attention, stored_matmul=stored_matmul, take_rows=take_rows)
+                  decode_attention=decode_attention, mask_inplace=mask_inplace,
+                  stored_matmul=stored_matmul, take_rows=take_rows)
 
 
 def place(tensors: dict, vectors: set[str]) -> dict:

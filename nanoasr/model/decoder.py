@@ -66,12 +66,12 @@ def embed(ids, w):  # [n] token ids -> [n, H]
     return table[array_module(table).asarray(ids)]
 
 
-def _write_cache(cache: KVCache, layer, rows: slice, start, k, v):  # k, v [B, n, kvh, hd]
+def _write_cache(cache: KVCache, layer, rows: slice, start, positions, k, v):  # k, v [B, n, kvh, hd]
     b, n = k.shape[:2]
-    if n == 1:
-        batch = np.arange(rows.start, rows.start + b)
-        cache.k[layer, batch, :, start] = k[:, 0]
-        cache.v[layer, batch, :, start] = v[:, 0]
+    if n == 1:  # row b at its own position: indices made on the cache's device, not copied there per layer
+        batch = array_module(cache.k).arange(rows.start, rows.start + b)
+        cache.k[layer, batch, :, positions[:, 0]] = k[:, 0]
+        cache.v[layer, batch, :, positions[:, 0]] = v[:, 0]
     else:  # prefill of one row
         s = int(start[0])
         cache.k[layer, rows.start, :, s:s + n] = k[0].transpose(1, 0, 2)
@@ -132,7 +132,7 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
     v = linear(h, w[p + "self_attn.v_proj.weight"]).reshape(b, n, kvh, hd)
     q = apply_rope(rms_norm(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps), *rope)
     k = apply_rope(rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps), *rope)
-    _write_cache(cache, i, rows, start, k, v)
+    _write_cache(cache, i, rows, start, positions, k, v)
     if n == 1:  # decode: one new position per row, straight over the cache
         q = (q * np.float32(hd ** -0.5)).reshape(b, kvh, group, hd)
         attn = decode_attention(q, cache.k[i, rows], cache.v[i, rows], start + 1).reshape(b, 1, -1)
@@ -151,9 +151,9 @@ def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start):  # [B, n
     b, n, _ = x.shape
     start = np.asarray(start, dtype=np.int64)
     positions = start[:, None] + np.arange(n)[None, :]  # [B, n]
-    cos, sin = rope_tables(xp.asarray(positions.reshape(-1)), cfg.head_dim, cfg.rope_theta)
+    on_device = xp.asarray(positions)  # the one copy of the positions to x's device
+    cos, sin = rope_tables(on_device.reshape(-1), cfg.head_dim, cfg.rope_theta)
     rope = (cos.reshape(b, n, -1), sin.reshape(b, n, -1))
-    on_device = xp.asarray(positions)
     for i in range(cfg.num_hidden_layers):
         x = decoder_layer(x, w, i, cfg, cache, rows, start, rope, on_device)
     cache.lengths[rows] = positions[:, -1] + 1

@@ -98,7 +98,7 @@ def _finish(ids: list[int], budget: int, stop_ids, ignore_stop: bool) -> Generat
 
 def _first_choice(session: decoder.Session, e, budget: int, suppress):  # e [L, H] -> first (ids, lps)
     logits = session.prefill(e, room=budget)
-    if not array_module(logits).isfinite(logits).all():  # before `suppress` writes its -inf
+    if not to_numpy(array_module(logits).isfinite(logits).all()):  # before `suppress` writes its -inf
         raise _nonfinite_weights(session.w)
     return _greedy(logits, suppress)
 

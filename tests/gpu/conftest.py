@@ -1,6 +1,8 @@
-"""The GPU kernel tier runs everywhere: on the device where CuPy finds a GPU, and elsewhere (CI, laptops)
-under numba's CUDA simulator, which runs every GPU thread as a Python thread on the CPU. So none of it is
-marked `cuda` and none of it may skip.
+"""The GPU tier runs everywhere: the kernels on the device where CuPy finds a GPU, and elsewhere (CI, laptops)
+under numba's CUDA simulator, which runs every GPU thread as a Python thread on the CPU; the CUDA backend's
+Python path against a strict stand-in for CuPy (test_cuda_backend.py). None of that is marked `cuda` and none
+of it may skip. Only test_cuda_device.py, the same path on a real GPU against the CPU, is marked `cuda` and
+skips without one.
 
 numba.cuda picks real or simulated once, when it is first imported, from NUMBA_ENABLE_CUDASIM. pytest loads
 this file before it imports the test modules that sort after tests/gpu (and nothing before imports

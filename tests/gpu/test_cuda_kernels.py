@@ -1,11 +1,14 @@
 """CUDA kernels over stored weights against nanoasr.quant.reference (and gguf.quants) and a float64 matmul; on
 the device when CuPy finds a GPU, under numba's CUDA simulator elsewhere (tests/gpu/conftest.py)."""
+import types
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize as gguf_dequantize
 from stored_weights import stored
 
+from nanoasr import backend
 from nanoasr.kernels import cuda as gk
 
 GGUF_TYPE = {"q8_0": GT.Q8_0, "q4_k": GT.Q4_K, "q6_k": GT.Q6_K}
@@ -125,6 +128,13 @@ def test_the_default_grid(device, monkeypatch):
     np.testing.assert_array_equal(widened(device, data, "q6_k", 2, 256).view(np.uint32), w.view(np.uint32))
     assert_close_rows(product(device, x, data, "q6_k", 2), x.astype(np.float64) @ w.T.astype(np.float64),
                       "default grid")
+
+
+def test_the_self_checks_kernel_round_trip(device):
+    """The launch backend.self_check makes before CUDA is chosen gives the values it expects."""
+    gpu = types.SimpleNamespace(asarray=device.put, float32=np.float32,
+                                empty=lambda shape, dtype: device.put(np.empty(shape, dtype)))
+    np.testing.assert_array_equal(device.get(backend.kernel_round_trip(gpu)), backend.BF16_CHECK[1])
 
 
 def _args(device, x_cols=64, w=None, dtype="q8_0", shape=(4, 64), out_rows=1, out=None):
