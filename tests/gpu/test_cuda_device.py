@@ -7,13 +7,13 @@ import os
 
 import numpy as np
 import pytest
-from engine_parity import LOGIT_TOL, STAGE_TOL, stage_outputs
 
 from nanoasr import backend, convert
 from nanoasr.api import Model
 from nanoasr.backend import to_numpy
 from nanoasr.model import decoder, generate
 from nanoasr.model.load import load_checkpoint
+from tools.parity import LOGIT_TOL, STAGE_TOL, stage_outputs
 from tools.synth import speech_like
 
 usable, why = backend.cuda_status()
