@@ -5,6 +5,7 @@
     convert.py     nanoasr convert SOURCE -o OUT.gguf
     doctor.py      nanoasr doctor
     serve.py       nanoasr serve
+    batch.py       nanoasr batch INPUT ... -o DIR   (many files on Ray Data; the `ray` extra)
 
 Each command is a thin layer over the library: it parses its arguments, calls nanoasr and prints. Results
 go to stdout; progress, warnings and errors to stderr, one line each (`nanoasr[ COMMAND]: error: ...`).
@@ -13,8 +14,9 @@ The library's warnings (its loggers and `warnings.warn`) are shown once each whi
 
 Exit status, the same for every command:
     0    done (--help and --version too; `doctor` always)
-    1    something asked for failed: an input, the model, a download, a conversion, the server's start.
-         Each failure is one stderr line; `transcribe` still processes the other inputs.
+    1    something asked for failed: an input, the model, a download, a conversion, the server's start,
+         Ray's start. Each failure is one stderr line; `transcribe` and `batch` still process the other
+         inputs.
     2    usage error: a bad command line, found before any work starts: argparse's usage and message, or
          one line for an option value the library refuses (api.Options, the one validator of options)
     130  interrupted (Ctrl-C)
@@ -31,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-COMMANDS = ("models", "doctor", "convert", "serve")  # any other first argument is an input to transcribe
+COMMANDS = ("models", "doctor", "convert", "serve", "batch")  # any other first word: an input to transcribe
 LIBRARY = Path(__file__).resolve().parents[1]  # nanoasr/: where the warnings shown as the library's come from
 
 

@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     model.add_argument("--threads", type=positive(int), default=None, metavar="N",
                        help="CPU threads for numba and BLAS (default: all cores)")
+    add_transcription_options(parser)
+    _add_output_options(parser)
+    return parser
+
+
+def add_transcription_options(parser: argparse.ArgumentParser) -> None:
+    """The options of Model.transcribe (read back by transcribe_options); `nanoasr batch` has them too."""
     decoding = parser.add_argument_group("transcription")
     decoding.add_argument("--language", default=None,
                           help="zh, en or ja (codes, English or Chinese names); auto or none detects it")
@@ -86,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="numerics profile to follow")
     decoding.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                           help="token budget per segment (default: scaled to its duration, at most 512)")
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
     output = parser.add_argument_group("input and output")
     output.add_argument("-f", "--output-format", default="txt", metavar="FORMAT",
                         help=f"{', '.join(FORMATS)} or all; several separated by commas")
@@ -101,7 +111,6 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("-v", "--verbose", action="store_true",
                         help="progress as log lines even when stderr is not a terminal, with each segment")
     output.add_argument("-q", "--quiet", action="store_true", help="no progress bar, even on a terminal")
-    return parser
 
 
 def _version() -> str:

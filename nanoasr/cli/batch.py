@@ -1,0 +1,272 @@
+"""nanoasr batch INPUT ... -o DIR: many audio files transcribed on Ray Data, on this machine or a cluster.
+
+Each input's files are those the main command's -o writes (DIR/<name>.<format>), each written whole (to a
+temporary name beside it, then renamed), and once they are complete one JSON line is appended to
+DIR/manifest.jsonl. Running the same command again skips the inputs whose line says ok and whose files all
+exist, and tries the others again (their old lines are dropped first), so an interrupted run loses at most
+the inputs in flight. Transcripts are written by this process, the driver: the cluster needs no shared disk
+for them, only for the inputs.
+
+Exit status (see nanoasr.cli): 0 every input transcribed, 1 some failed (one stderr line each; the rest are
+still done) or Ray could not run the job, 2 usage error, 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from nanoasr.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, positive, transcribe
+from nanoasr.errors import OptionError
+from nanoasr.writers import FORMATS
+
+PROG = "nanoasr batch"
+MANIFEST = "manifest.jsonl"
+EPILOG = """\
+Files are written as the main command's -o writes them, DIR/<name>.<format>, each one complete or not at
+all, and DIR/manifest.jsonl gets one line per input once its files are written: {"path", "status" (ok or
+error), "outputs" (below DIR), "seconds", "duration_s", "error"}. Running the same command again skips the
+inputs done already (status ok, files present) and retries the rest.
+Exit status: 0 all inputs transcribed, 1 some failed, 2 usage error, 130 interrupted.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, epilog=EPILOG, formatter_class=transcribe._HelpFormatter,
+        description="Transcribe many audio files on Ray Data: a local Ray runtime, or the cluster of "
+                    "--ray-address. Needs the ray extra: pip install \"nanoasr[ray]\".")
+    parser.add_argument("audio", nargs="+", metavar="INPUT",
+                        help="audio files, and directories (their audio files)")
+    parser.add_argument("-o", "--output-dir", required=True, metavar="DIR",
+                        help="where the transcripts and manifest.jsonl go, created if missing")
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", default=None,
+                       help="as the main command's --model; a local path must exist on every Ray node "
+                            "(default: the official safetensors package at its pinned revision)")
+    model.add_argument("--llm", default=None, metavar="QWEN3.gguf",
+                       help="the decoder GGUF when --model is the encoder GGUF of FunASR's llama.cpp runtime")
+    ray = parser.add_argument_group("ray")
+    ray.add_argument("--workers", type=positive(int), default=None, metavar="N",
+                     help="Ray actors, each with its own copy of the model (default: Ray Data grows the pool "
+                          "from 1 to as many as the cluster's CPUs hold)")
+    ray.add_argument("--threads-per-worker", type=positive(int), default=1, metavar="T",
+                     help="CPU threads of each actor, and the CPUs it reserves")
+    ray.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                     help="join this Ray cluster (default: $RAY_ADDRESS, which `ray job submit` sets; "
+                          "without it, start a local Ray runtime on this machine's CPUs)")
+    transcribe.add_transcription_options(parser)
+    output = parser.add_argument_group("input and output")
+    output.add_argument("-f", "--output-format", default="txt", metavar="FORMAT",
+                        help=f"{', '.join(FORMATS)} or all; several separated by commas")
+    output.add_argument("-r", "--recursive", action="store_true",
+                        help="directories: also the audio files in their subdirectories")
+    output.add_argument("--max-duration", type=positive(float), default=None, metavar="SECONDS",
+                        help="refuse inputs longer than this, each with its error (default: no limit)")
+    output.add_argument("-v", "--verbose", action="store_true", help="a line for each input done")
+    output.add_argument("-q", "--quiet", action="store_true",
+                        help="no Ray progress bars or Ray Data logs, and no closing summary line")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    formats = transcribe.parse_formats(args.output_format, parser)
+    if transcribe.STDIN in args.audio:
+        parser.error("'-' (stdin) is not an input of batch: give files or directories")
+    try:
+        options = transcribe.transcribe_options(args, parser)
+    except OptionError as exc:
+        error(PROG, exc)
+        return EXIT_USAGE
+    if args.max_duration is not None:
+        options["max_duration_s"] = args.max_duration
+    found, failures = transcribe.expand_inputs(args, parser)
+    items = {}
+    for item in found:  # an input named twice (a file, and its directory) is done once
+        items.setdefault(_key(item), item)
+    out_dir = Path(args.output_dir)
+    transcribe.check_collisions(list(items.values()), out_dir, parser)
+    for line in failures:
+        error(PROG, line)
+    with library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)):
+        try:
+            return _run(args, items, formats, options, out_dir, failed=len(failures))
+        except OSError as exc:  # the output directory or the manifest cannot be written
+            error(PROG, exc)
+            return EXIT_FAILED
+
+
+def _key(item) -> str:
+    """How an input is known to Ray's rows and to the manifest: its absolute path."""
+    return os.path.abspath(item.source)
+
+
+# --- the run ---------------------------------------------------------------------------------------------
+
+class Tally:
+    """Counts, the per-input lines of --verbose, and the closing summary."""
+
+    def __init__(self, args, todo: int, skipped: int, failed: int):
+        self.verbose, self.quiet = args.verbose, args.quiet
+        self.todo, self.skipped, self.failed, self.ok = todo, skipped, failed, 0
+        self.started = time.perf_counter()
+
+    def done(self, item, line: dict) -> None:
+        if line["status"] == "ok":
+            self.ok += 1
+        else:
+            self.failed += 1
+            error(PROG, line["error"])
+        if self.verbose:
+            finished = self.ok + self.failed
+            audio = f"{line['duration_s']:.1f} s of audio" if line["duration_s"] is not None else "failed"
+            print(f"{PROG}: [{finished}/{self.todo}] {item.label}: {audio} in {line['seconds']:.1f} s",
+                  file=sys.stderr, flush=True)
+
+    def summary(self, manifest_path: Path) -> int:
+        if not self.quiet:
+            print(f"{PROG}: {self.ok} transcribed, {self.failed} failed, {self.skipped} done before; "
+                  f"{time.perf_counter() - self.started:.1f} s; {manifest_path}", file=sys.stderr, flush=True)
+        return EXIT_FAILED if self.failed else EXIT_OK
+
+
+def _run(args, items: dict, formats, options: dict, out_dir: Path, failed: int) -> int:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = Manifest(out_dir / MANIFEST)
+    todo = {key: item for key, item in items.items()
+            if not manifest.done(key, [out_dir / f"{item.stem}.{fmt}" for fmt in formats])}
+    manifest.forget(todo)
+    tally = Tally(args, len(todo), len(items) - len(todo), failed)
+    for key in [key for key in todo if not (os.path.isfile(key) and os.access(key, os.R_OK))]:
+        item = todo.pop(key)  # Ray would fail the whole job on it
+        tally.done(item, manifest.add(key, "error", error=f"{item.label}: no such readable file"))
+    if todo:
+        try:
+            rows = _transcripts(args, list(todo), options)
+        except ImportError as exc:
+            error(PROG, exc)
+            return EXIT_FAILED
+        import ray
+
+        try:
+            for row in rows.iter_rows():
+                item = todo[row["path"]]
+                tally.done(item, _finish(row, item, formats, out_dir, manifest))
+        except ray.exceptions.RayError as exc:
+            error(PROG, f"the Ray job failed: {_last_line(exc)}")
+            return EXIT_FAILED
+    return tally.summary(manifest.path)
+
+
+def _transcripts(args, paths: list[str], options: dict):
+    """Ray started or joined, and the lazy Dataset of the transcript rows of `paths`."""
+    from nanoasr.ray import most_workers, require_ray, transcribe_dataset
+
+    ray = require_ray()
+    address = args.ray_address or os.environ.get("RAY_ADDRESS")
+    where = dict(address=address) if address else dict(address="local", include_dashboard=False)
+    ray.init(logging_level=logging.WARNING, **where)
+    ray.data.DataContext.get_current().enable_progress_bars = not args.quiet
+    if args.quiet:
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+    # The reads take no CPU: the actors may hold every CPU, and Ray starts them before any read task. One
+    # block per file: a block is what an actor hands back whole, and what a lost actor's retry does again.
+    # As many reads at a time as actors: enough to keep them fed, without a Ray worker process for each file.
+    readers = args.workers or most_workers(args.threads_per_worker)
+    audio = ray.data.read_binary_files(paths, include_paths=True, num_cpus=0, override_num_blocks=len(paths),
+                                       concurrency=readers)
+    return transcribe_dataset(audio, args.model, workers=args.workers,
+                              threads_per_worker=args.threads_per_worker, llm=args.llm, **options)
+
+
+def _finish(row: dict, item, formats, out_dir: Path, manifest: "Manifest") -> dict:
+    """The input's files written from its row, then its manifest line (returned)."""
+    from nanoasr.ray import to_transcript
+
+    seconds = (row["timings"] or {}).get("total", 0.0) / 1e3
+    if row["error"] is not None:
+        return manifest.add(row["path"], "error", seconds=seconds, error=row["error"])
+    transcript = to_transcript(row)
+    outputs = []
+    try:
+        for fmt in formats:
+            path = out_dir / f"{item.stem}.{fmt}"
+            write_whole(path, transcribe.render(transcript, fmt, item.label, compact=False))
+            outputs.append(path.relative_to(out_dir).as_posix())
+    except OSError as exc:
+        return manifest.add(row["path"], "error", seconds=seconds,
+                            error=f"{item.label}: cannot write its output: {exc}")
+    return manifest.add(row["path"], "ok", outputs, seconds, transcript.duration_s)
+
+
+def _last_line(exc: BaseException) -> str:
+    """The last line of a Ray error's message: the exception raised at its root."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+# --- files -----------------------------------------------------------------------------------------------
+
+def write_whole(path: Path, text: str) -> None:
+    """`text` in `path` (UTF-8), complete or not at all: written beside it under a temporary name, flushed
+    to disk, then renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.partial")
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:  # an interruption too: no temporary file is left behind
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+class Manifest:
+    """DIR/manifest.jsonl: one JSON line per input, appended once the input's files are complete."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lines: dict[str, dict] = {}  # input path -> its line
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        self.damaged = bool(text) and not text.endswith("\n")  # a line cut short when a run was killed
+        for raw in text.splitlines():
+            try:
+                line = json.loads(raw)
+                self.lines[line["path"]] = line
+            except (ValueError, TypeError, KeyError):
+                self.damaged = True
+
+    def done(self, key: str, outputs: list[Path]) -> bool:
+        line = self.lines.get(key)
+        return line is not None and line.get("status") == "ok" and all(p.is_file() for p in outputs)
+
+    def forget(self, keys) -> None:
+        """Drop the lines of `keys`, inputs about to be tried again, rewriting the file whole when it
+        changes (or was damaged)."""
+        dropped = [key for key in keys if self.lines.pop(key, None) is not None]
+        if dropped or self.damaged:
+            write_whole(self.path, "".join(_json_line(line) for line in self.lines.values()))
+            self.damaged = False
+
+    def add(self, key: str, status: str, outputs=(), seconds: float = 0.0, duration_s: float | None = None,
+            error: str | None = None) -> dict:
+        line = dict(path=key, status=status, outputs=list(outputs), seconds=round(seconds, 3),
+                    duration_s=duration_s, error=error)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(_json_line(line))
+            f.flush()
+            os.fsync(f.fileno())
+        self.lines[key] = line
+        return line
+
+
+def _json_line(line: dict) -> str:
+    return json.dumps(line, ensure_ascii=False) + "\n"
