@@ -208,18 +208,19 @@ def test_transcribe_dataset_checks_its_options_before_running(cluster, clips):
 # --- the command line --------------------------------------------------------------------------------------
 
 def test_batch_writes_what_the_main_command_writes(cluster, clips, tiny_dir, tmp_path):
-    main = nanoasr(clips, "-r", "-f", "all", "-o", tmp_path / "main", "--model", tiny_dir, "--threads", 1,
-                   "--language", "en")
-    code, err = finish(nanoasr("batch", clips, "-r", "-f", "all", "-o", tmp_path / "batch", "--model",
-                               tiny_dir, "--workers", 2, "--threads-per-worker", 1, "--language", "en",
-                               "--ray-address", cluster))
+    options = ["-r", "-f", "all", "--model", tiny_dir, "--language", "en", "--max-duration", 3.2]
+    main = nanoasr(clips, "-o", tmp_path / "main", "--threads", 1, *options)
+    code, err = finish(nanoasr("batch", clips, "-o", tmp_path / "batch", "--workers", 2,
+                               "--threads-per-worker", 1, "--ray-address", cluster, *options))
     assert code == 1, err
-    (only_error,) = [line for line in err.splitlines() if line.startswith("nanoasr batch: error: ")]
-    assert only_error.startswith(f"nanoasr batch: error: {clips / 'corrupt.wav'}: cannot be decoded")
+    errors = sorted(line for line in err.splitlines() if line.startswith("nanoasr batch: error: "))
+    assert len(errors) == 2, err
+    assert errors[0].startswith(f"nanoasr batch: error: {clips / 'clip2.wav'}: the audio is 3.5 s long")
+    assert errors[1].startswith(f"nanoasr batch: error: {clips / 'corrupt.wav'}: cannot be decoded")
     assert finish(main)[0] == 1
     expected = sorted(p.relative_to(tmp_path / "main") for p in (tmp_path / "main").rglob("*.*"))
     got = sorted(p.relative_to(tmp_path / "batch") for p in (tmp_path / "batch").rglob("*.*"))
-    assert got == sorted(expected + [Path("manifest.jsonl")]) and len(expected) == 6 * 5
+    assert got == sorted(expected + [Path("manifest.jsonl")]) and len(expected) == 5 * 5
     for name in expected:
         main_text, batch_text = ((tmp_path / side / name).read_text() for side in ("main", "batch"))
         if name.suffix == ".json":
@@ -230,9 +231,10 @@ def test_batch_writes_what_the_main_command_writes(cluster, clips, tiny_dir, tmp
     lines = {line["path"]: line for line in manifest_of(tmp_path / "batch")}
     assert len(lines) == len(manifest_of(tmp_path / "batch")) == 7
     assert set(lines) == {str(p) for p in clips.rglob("*.*")}
-    corrupt = lines.pop(str(clips / "corrupt.wav"))
-    assert corrupt["status"] == "error" and corrupt["outputs"] == []
-    assert corrupt["error"] == only_error.removeprefix("nanoasr batch: error: ")
+    for name, message in zip(["clip2.wav", "corrupt.wav"], errors):
+        line = lines.pop(str(clips / name))
+        assert line["status"] == "error" and line["outputs"] == []
+        assert line["error"] == message.removeprefix("nanoasr batch: error: ")
     for path, line in lines.items():
         stem = Path(path).relative_to(clips).with_suffix("")
         assert line["status"] == "ok" and line["error"] is None and line["duration_s"] > 1

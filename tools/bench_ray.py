@@ -8,8 +8,8 @@ Every configuration transcribes the same synthesized clips (speech-like audio, `
 the steady state: the rows after each worker's first (which carries the actor's start and its first call),
 over the time from the last of those first rows to the last row. The wall time of the whole run, start
 included, is given beside them. Peak RSS per worker is sampled from the actor processes every 0.2 s, with
-its file-backed part: the resident pages of the memory-mapped checkpoint, which the workers of one machine
-share through the page cache. Runs without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE.
+its file-backed part (the memory-mapped checkpoint and the shared libraries: pages the workers of one
+machine share through the page cache). Runs without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE.
 """
 from __future__ import annotations
 
@@ -129,10 +129,11 @@ def report(rows: list[dict], args, command: str) -> str:
         "(ignore_stop), one thread per worker, OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset.", "",
         "Files/s and audio-s/s are the steady state: the rows after each worker's first one, over the time "
         "from the last of those first rows to the last row. Wall s is the whole pass, actors' start "
-        "included. Peak RSS per worker is sampled every 0.2 s, with its file-backed part: the resident pages "
-        "of the memory-mapped checkpoint, which the workers of one machine share through the page cache "
+        "included. Peak RSS per worker is sampled every 0.2 s, with its file-backed part: the memory-mapped "
+        "checkpoint and the shared libraries, pages the workers of one machine share through the page cache "
         "(the rest is each worker's own). Load average: the machine's 1-minute load before and after the "
         "pass (2 would be its two cores busy; other work shares this machine).", "",
+        *([args.note, ""] if args.note else []),
         "| model | workers | files/s | audio-s/s | x 1 worker | wall s | peak RSS MB per worker | "
         "of which file-backed MB | load average |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -168,6 +169,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=24, help="tokens decoded per clip")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--report", default=None, help="write the markdown report here")
+    parser.add_argument("--note", default=None, help="a paragraph for the report (the models' origin)")
     args = parser.parse_args()
     import ray
 

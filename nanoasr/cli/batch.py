@@ -152,6 +152,9 @@ def _run(args, items: dict, formats, options: dict, out_dir: Path, failed: int) 
         except ImportError as exc:
             error(PROG, exc)
             return EXIT_FAILED
+        except (ConnectionError, RuntimeError) as exc:  # ray.init: no cluster there, or it refused us
+            error(PROG, f"cannot start or join Ray: {exc}")
+            return EXIT_FAILED
         import ray
 
         try:
