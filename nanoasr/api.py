@@ -132,10 +132,9 @@ class Model:
         resolved = hub.resolve(model, **resolve_options)
         checkpoint = load_checkpoint(resolved.path, llm)
         source = dict(checkpoint.source, repo=resolved.repo, revision=resolved.revision)
-        if "variant" not in source and resolved.repo in prompt.REPO_VARIANTS:
-            source["variant"] = prompt.REPO_VARIANTS[resolved.repo]
         if resolved.package is not None:
             source.update(license=resolved.package.license, package=resolved.package.name)
+            source.setdefault("variant", resolved.package.variant)
         return cls(Checkpoint(checkpoint.config, checkpoint.tensors, checkpoint.files, source),
                    device, threads, batch_size)
 

@@ -44,7 +44,6 @@ LANGUAGE_ALIASES = {alias: code for code, names in LANGUAGES.items() for alias i
 LANGUAGE_ALIASES.update(mandarin="zh", tagalog="tl", slovene="sl")
 VARIANT_LANGUAGES = {"fun-asr-nano-2512": ("zh", "en", "ja"), "fun-asr-mlt-nano-2512": tuple(LANGUAGES)}
 DEFAULT_VARIANT = "fun-asr-nano-2512"
-REPO_VARIANTS = {"FunAudioLLM/Fun-ASR-MLT-Nano-2512": "fun-asr-mlt-nano-2512"}  # FunASR folders say no more
 
 
 def language_code(language: str | None, trained: tuple[str, ...] | None = None) -> str | None:

@@ -13,7 +13,8 @@ OPENAPI_REQUEST = {"requestBody": {"required": True, "content": {"multipart/form
     "properties": {
         "file": {"type": "string", "format": "binary", "description": "the audio file"},
         "model": {"type": "string", "description": "any name; the server has one model"},
-        "language": {"type": "string", "description": "zh, en, ja (codes, English or Chinese names) or auto"},
+        "language": {"type": "string",
+                     "description": "ISO code, English or Chinese name (zh, en, ja; MLT-Nano: 31) or auto"},
         "prompt": {"type": "string", "maxLength": MAX_CONTEXT_CHARS,  # the library's context
                    "description": "context text for the model"},
         "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS), "default": "json"},

@@ -5,11 +5,11 @@ import asyncio
 import gzip
 import json
 
+from nanoasr.model.prompt import LANGUAGES
 from nanoasr.server.errors import ApiError, internal_error
 
 MEDIA_TYPES = {"text": "text/plain; charset=utf-8", "srt": "application/x-subrip; charset=utf-8",
                "vtt": "text/vtt; charset=utf-8"}
-ENGLISH_NAMES = {"zh": "chinese", "en": "english", "ja": "japanese"}
 
 
 def transcript_response(transcript, response_format: str):
@@ -32,7 +32,8 @@ def verbose_json(transcript) -> dict:
          "compression_ratio": compression_ratio(s.text), "no_speech_prob": 0.0}
         for i, s in enumerate(x for x in transcript.segments if x.text)
     ]
-    return {"task": "transcribe", "language": ENGLISH_NAMES.get(transcript.language, "auto"),
+    language = LANGUAGES[transcript.language][1] if transcript.language else "auto"
+    return {"task": "transcribe", "language": language,
             "duration": transcript.duration_s, "text": transcript.text, "segments": segments,
             "usage": {"type": "duration", "seconds": transcript.duration_s}}
 
