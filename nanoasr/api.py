@@ -57,10 +57,11 @@ class Options:
             object.__setattr__(self, "max_new_tokens", _whole_number("max_new_tokens", budget, "or None"))
         object.__setattr__(self, "hotwords", _hotword_tuple(self.hotwords))
         if self.reference not in REFERENCES:
-            raise OptionError(f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}")
+            raise OptionError(f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}",
+                              "reference")
         if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= generate.MAX_NEW_TOKENS:
             raise OptionError(f"max_new_tokens must be between 1 and {generate.MAX_NEW_TOKENS}; "
-                              f"got {self.max_new_tokens}")
+                              f"got {self.max_new_tokens}", "max_new_tokens")
         # language, hotwords and context, and their length limits
         prompt.instruction(self.language, self.itn, self.hotwords, self.context)
 
@@ -70,27 +71,30 @@ class Options:
 
 def _check_type(name: str, value, types, accepted: str) -> None:
     if not isinstance(value, types):
-        raise OptionError(f"{name} must be {accepted}; got {reprlib.repr(value)} ({type(value).__name__})")
+        raise OptionError(f"{name} must be {accepted}; got {reprlib.repr(value)} ({type(value).__name__})",
+                          name)
 
 
 def _whole_number(name: str, value, alternative: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise OptionError(f"{name} must be a whole number{' ' + alternative if alternative else ''}; got "
-                          f"{reprlib.repr(value)} ({type(value).__name__})")
+                          f"{reprlib.repr(value)} ({type(value).__name__})", name)
     return int(value)
 
 
 def _hotword_tuple(hotwords) -> tuple[str, ...]:
     if isinstance(hotwords, (str, bytes)):  # tuple("abc") would make three hotwords of it
         raise OptionError(f"hotwords must be a list of strings, not one string: give [word] for a single "
-                          f"hotword; got {reprlib.repr(hotwords)}")
+                          f"hotword; got {reprlib.repr(hotwords)}", "hotwords")
     try:
         words = tuple(hotwords)
     except TypeError:
-        raise OptionError(f"hotwords must be a list of strings; got {type(hotwords).__name__}") from None
+        raise OptionError(f"hotwords must be a list of strings; got {type(hotwords).__name__}",
+                          "hotwords") from None
     for word in words:
         if not isinstance(word, str):
-            raise OptionError(f"hotwords must be strings; got {reprlib.repr(word)} ({type(word).__name__})")
+            raise OptionError(f"hotwords must be strings; got {reprlib.repr(word)} ({type(word).__name__})",
+                              "hotwords")
     return words
 
 
@@ -111,7 +115,7 @@ class Model:
         """`batch_size`: segments of one call decoded together, at most (each in its own KV-cache row)."""
         self.batch_size = _whole_number("batch_size", batch_size)
         if self.batch_size < 1:
-            raise OptionError(f"batch_size must be at least 1; got {self.batch_size}")
+            raise OptionError(f"batch_size must be at least 1; got {self.batch_size}", "batch_size")
         self.checkpoint = checkpoint
         self.config = checkpoint.config
         self.backend = backend_mod.resolve(device)

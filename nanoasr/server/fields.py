@@ -93,16 +93,9 @@ def library_options(**options):
     try:
         return Options(**options)
     except OptionError as exc:
-        raise refused_field(options, exc) from None
+        raise refused_field(exc) from None
 
 
-def refused_field(options: dict, exc: OptionError) -> ApiError:
-    """OptionError does not say which option it refuses: the first one Options refuses alone is it."""
-    from nanoasr.api import Options
-
-    for name, value in options.items():
-        try:
-            Options(**{name: value})
-        except OptionError as alone:
-            return ApiError(400, str(alone), param=FORM_FIELDS[name])
-    return ApiError(400, str(exc))
+def refused_field(exc: OptionError) -> ApiError:
+    """A 400 whose `param` is the form field of the option the error names."""
+    return ApiError(400, str(exc), param=FORM_FIELDS.get(exc.field))
