@@ -125,6 +125,18 @@ def test_viterbi_path_is_the_best_alignment(seed):
         assert span.probability == pytest.approx(max(np.exp(target_logp[t, j]) for t in frames_j))
 
 
+def test_a_long_transcript_aligns_where_its_tokens_peak():
+    """Hundreds of states (past int8): frame 3j + 1 is token j's, every other frame the blank's."""
+    n, rng = 150, np.random.default_rng(0)
+    targets = rng.integers(0, 50, n).tolist()
+    target_logp = np.full((3 * n, n), -9.0, np.float32)
+    target_logp[3 * np.arange(n) + 1, np.arange(n)] = -0.01
+    blank_logp = np.full(3 * n, -0.01, np.float32)
+    blank_logp[3 * np.arange(n) + 1] = -9.0
+    spans = alignment.token_spans(target_logp, blank_logp, targets)
+    assert [(s.start, s.end) for s in spans] == [(3 * j + 1, 3 * j + 2) for j in range(n)]
+
+
 def test_tokens_that_cannot_fit_have_no_alignment():
     logp = np.log(np.full((3, 2), 0.5, np.float32))
     assert alignment.token_spans(logp[:, [0, 0]], logp[:, 1], [0, 0]) is not None  # a, blank, a
@@ -171,6 +183,16 @@ def test_words_lie_in_order_inside_their_segment(ctc_model, clip):
         assert all(a.end <= b.start for a, b in zip(s.words, s.words[1:]))
     doc = json.loads(json.dumps(result.to_dict()))
     assert Transcript.from_dict(doc) == result and "words" in doc["segments"][0]
+
+
+def test_a_text_longer_than_its_frames_gets_no_word_times(ctc_model, caplog):
+    """FunASR's forced_align gives no items then; the words stay empty rather than spread evenly."""
+    wave = speech_like(1.0, seed=6)  # 17 frames; four random decoder tokens spell many more CTC tokens
+    result = ctc_model.transcribe(wave, sample_rate=SR, max_new_tokens=4, word_timestamps=True)
+    (segment,) = result.segments
+    assert len(ctc_model.ctc.vocabulary.encode(segment.text)) > 17
+    assert segment.words == () and isinstance(segment.ctc_text, str)
+    assert "do not fit in its 17 frames" in caplog.text
 
 
 def test_without_word_timestamps_nothing_changes(ctc_model, clip):

@@ -52,7 +52,7 @@ def viterbi(target_logp, blank_logp, targets):  # [T, L], [T], L ids -> state pa
     path = np.empty(frames, np.int64)
     for t in range(frames - 1, -1, -1):
         path[t] = state
-        state -= back[t, state]
+        state -= int(back[t, state])
     return path
 
 
