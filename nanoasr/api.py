@@ -193,14 +193,14 @@ class Model:
         """Prompt embeddings [L, H] for the spans of `wave`, in order, each computed when the decoder asks for
         it. Spans go through the encoder one at a time, so no work is spent on padding them to a common
         length; each fills the audio slot of the call's one tokenized `template`. With `encodings`, each
-        span's encoder output [1, T, 512] is kept there by index, for the CTC branch."""
+        span's encoder output [1, T, 512] and mask [1, T] are kept there by index, for the CTC branch."""
         for index, (a, b) in enumerate(spans):
             with timer.stage("frontend"):
                 feats, mask = self.features([wave[a:b]], options.reference)
             with timer.stage("encoder"):
                 enc = self.encode(feats, mask)
             if encodings is not None:
-                encodings[index] = enc
+                encodings[index] = enc, mask
             with timer.stage("adaptor"):
                 audio = self.adapt(enc, mask, options.reference)
             low_frame_rate = self.config.adaptor.use_low_frame_rate
@@ -272,7 +272,7 @@ class Model:
                                       g.finish_reason, tuple(g.ids), g.avg_logprob)
                     if encodings is not None:
                         with timer.stage("ctc"):
-                            segment = self._with_words(segment, encodings.pop(len(segments)))
+                            segment = self._with_words(segment, *encodings.pop(len(segments)))
                     segments.append(segment)
                     if on_segment is not None:
                         on_segment(segment)
@@ -292,11 +292,11 @@ class Model:
         code = prompt.language_code(options.language)
         return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, duration, timer.ms)
 
-    def _with_words(self, segment: Segment, enc) -> Segment:
+    def _with_words(self, segment: Segment, enc, mask) -> Segment:
         """The segment with its words, the CTC branch's greedy text and their agreement (FunASR's
         inference_llm: the decoder's text aligned against the CTC posteriors of the segment's frames)."""
         cfg, vocab = self.ctc.config, self.ctc.vocabulary
-        logp = ctc.log_probs(enc, self.ctc_weights, cfg)  # [T, vocab]
+        logp = ctc.log_probs(enc, mask, self.ctc_weights, cfg)  # [T, vocab]
         ctc_text = vocab.decode(ctc.greedy_ids(logp, cfg.blank_id))
         targets = vocab.encode(segment.text)
         spans = alignment.token_spans(*ctc.target_columns(logp, targets, cfg.blank_id), targets)

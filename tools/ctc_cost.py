@@ -50,9 +50,10 @@ def main(argv=None) -> int:
     with backend_mod.threads(args.threads):
         for _ in range(args.repeats):  # the first includes numba's compilation
             t0 = time.perf_counter()
-            enc = encoder.encode(feats, np.ones((1, frames), bool), enc_w, Config().audio)
+            mask = np.ones((1, frames), bool)
+            enc = encoder.encode(feats, mask, enc_w, Config().audio)
             t1 = time.perf_counter()
-            logp = ctc.log_probs(enc, ctc_w, cfg)
+            logp = ctc.log_probs(enc, mask, ctc_w, cfg)
             t2 = time.perf_counter()
             ctc.greedy_ids(logp, cfg.blank_id)
             alignment.token_spans(*ctc.target_columns(logp, targets, cfg.blank_id), targets)

@@ -137,11 +137,10 @@ def vector_names(branch: CtcBranch) -> set[str]:
 
 # --- the forward pass ------------------------------------------------------------------------------------
 
-def log_probs(enc, w, cfg: CtcConfig):  # enc [1, T, input] -> [T, vocab] log-probabilities, on enc's device
+def log_probs(enc, mask, w, cfg: CtcConfig):  # enc [1, T, input], mask [1, T] -> [T, vocab] log-probabilities
     xp = array_module(enc)
     x = linear(linear(enc, w[P + "linear_1.weight"], w[P + "linear_1.bias"], relu=True),
                w[P + "linear_2.weight"], w[P + "linear_2.bias"])  # [1, T, hidden]
-    mask = xp.ones(x.shape[:2], dtype=bool)  # one segment: every frame is real
     for i in range(cfg.num_hidden_layers):
         x = transformer_block(x, w, f"{P}layers.{i}.", cfg.num_attention_heads, mask, LAYER_NORM_EPS)
     logits = linear(x[0], w["ctc.ctc_lo.weight"], w["ctc.ctc_lo.bias"])  # [T, vocab]
