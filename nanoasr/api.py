@@ -150,6 +150,12 @@ class Model:
             source.setdefault("variant", resolved.package.variant)
         return cls(dataclasses.replace(checkpoint, source=source), device, threads, batch_size)
 
+    def require_ctc(self) -> None:
+        """OptionError naming the checkpoints that have FunASR's CTC branch, unless this model has it."""
+        if self.ctc is None:
+            raise OptionError(f"word timestamps need FunASR's CTC branch (ctc_decoder.* and ctc.ctc_lo.*): "
+                              f"{ctc.HOLDERS}; this model: {self.checkpoint.ctc_absent}", "word_timestamps")
+
     @property
     def languages(self) -> tuple[str, ...]:
         """ISO codes of the languages the loaded model was trained for (those of its variant)."""
@@ -245,9 +251,8 @@ class Model:
         start = time.perf_counter()
         timer = Timer()
         prompt.language_code(options.language, self.languages)  # one the loaded model was trained for
-        if options.word_timestamps and self.ctc is None:
-            raise OptionError(f"word timestamps need FunASR's CTC branch (ctc_decoder.* and ctc.ctc_lo.*): "
-                              f"{ctc.HOLDERS}; this model: {self.checkpoint.ctc_absent}", "word_timestamps")
+        if options.word_timestamps:
+            self.require_ctc()
         encodings = {} if options.word_timestamps else None
         # the prompt's text, tokenized once for every segment and held to its limit before any audio is read
         template = prompt.template(self.tokenizer, **options.prompt_options())

@@ -285,6 +285,12 @@ def writers_seconds(clock: str) -> float:
     return int(h) * 3600 + int(m) * 60 + float(s)
 
 
+def test_command_line_without_the_branch_fails_once(tiny_dir, clip, capsys):
+    assert cli.main([str(clip), str(clip), "--model", str(tiny_dir), "--word-timestamps", "-q"]) == 1
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and "word timestamps need FunASR's CTC branch" in errors[0]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--max-line-width", "20"], "give --word-timestamps"),
     (["--word-timestamps", "--max-line-count", "2"], "--max-line-count needs --max-line-width"),
