@@ -231,6 +231,14 @@ def test_a_missing_vocabulary_file_is_named(ctc_dir, tmp_path):
     assert checkpoint.ctc is None and "multilingual.tiktoken is missing" in checkpoint.ctc_absent
 
 
+def test_a_malformed_vocabulary_file_is_named(ctc_dir, tmp_path):
+    for name in ("model.pt", "config.yaml", "Qwen3-0.6B"):
+        (tmp_path / name).symlink_to(ctc_dir / name)
+    (tmp_path / ctc.VOCAB_FILE).write_text("aGVsbG8= 0\nnot base64!\n")
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint.ctc is None and "line 2: expected 'base64-token rank'" in checkpoint.ctc_absent
+
+
 def test_word_timestamps_need_the_funasr_profile():
     with pytest.raises(OptionError, match="reference='funasr'"):
         nanoasr.api.Options(reference="transformers", word_timestamps=True)

@@ -121,13 +121,16 @@ def load(raw: dict[str, StoredTensor], yaml: dict | None, folder: Path,
     """(branch, None) when model.pt's CTC tensors and the vocabulary file make a whole branch, else
     (None, why not): a checkpoint without one still transcribes."""
     tensors = {logical_name(n): t for n, t in raw.items() if n.startswith(("ctc.", "ctc_decoder."))}
-    problem = _problem(tensors, yaml, where)
-    if problem is None and not (folder / VOCAB_FILE).is_file():
-        problem = f"{folder / VOCAB_FILE} is missing (the CTC vocabulary)"
-    if problem is not None:
-        return None, problem
-    vocabulary = CtcVocabulary.read(folder / VOCAB_FILE)
-    return CtcBranch(config_from(tensors, yaml, where), tensors, vocabulary), None
+    try:  # a faulty branch leaves the model transcribing; word timestamps then say what is wrong
+        problem = _problem(tensors, yaml, where)
+        if problem is None and not (folder / VOCAB_FILE).is_file():
+            problem = f"{folder / VOCAB_FILE} is missing (the CTC vocabulary)"
+        if problem is not None:
+            return None, problem
+        vocabulary = CtcVocabulary.read(folder / VOCAB_FILE)
+        return CtcBranch(config_from(tensors, yaml, where), tensors, vocabulary), None
+    except ModelError as exc:
+        return None, str(exc)
 
 
 def vector_names(branch: CtcBranch) -> set[str]:
