@@ -116,7 +116,8 @@ def words(text: str, token_bytes: list[bytes], spans: list[TokenSpan]) -> list[t
         return []
     char_bytes = np.cumsum([0] + [len(ch.encode("utf-8")) for ch in text])  # char offset -> byte offset
     token_starts = np.cumsum([0] + [len(b) for b in token_bytes])[:-1]  # [n_tokens]
-    starts = [s for s in word_starts(text) if s == 0 or char_bytes[s] in set(token_starts.tolist())]
+    boundaries = set(token_starts.tolist())
+    starts = [s for s in word_starts(text) if s == 0 or char_bytes[s] in boundaries]
     out = []
     for a, b in zip(starts, starts[1:] + [len(text)]):
         word = text[a:b].strip()
