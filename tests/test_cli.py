@@ -217,7 +217,7 @@ def test_every_transcription_option_reaches_the_model(tmp_path, fake, capsys):
     assert fake.loads == [dict(model="some/repo@abc", device="cpu", threads=3, llm="q.gguf")]
     assert fake.calls == [dict(language="English", itn=False,
                                hotwords=("Carol", "Dave", "Alice", "Bob"), context="a meeting",
-                               reference="transformers", max_new_tokens=7)]
+                               reference="transformers", max_new_tokens=7, word_timestamps=False)]
 
 
 def test_defaults_reach_the_model(tmp_path, fake, capsys):
@@ -225,7 +225,7 @@ def test_defaults_reach_the_model(tmp_path, fake, capsys):
     assert cli.main([str(tmp_path / "a.wav"), str(tmp_path / "a.wav"), "--itn"]) == 0
     assert fake.loads == [dict(model=None, device="cpu", threads=None, llm=None)]  # loaded once for all
     assert fake.calls == 2 * [dict(language=None, itn=True, hotwords=(), context=None,
-                                   reference="funasr", max_new_tokens=None)]
+                                   reference="funasr", max_new_tokens=None, word_timestamps=False)]
     assert capsys.readouterr().out == "hi\nhi\n"
 
 

@@ -19,7 +19,9 @@ OPENAPI_REQUEST = {"requestBody": {"required": True, "content": {"multipart/form
                    "description": "context text for the model"},
         "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS), "default": "json"},
         "temperature": {"type": "number", "default": 0, "description": "0 only (greedy decoding)"},
-        "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment"]}},
+        "timestamp_granularities[]": {
+            "type": "array", "items": {"type": "string", "enum": ["segment", "word"]},
+            "description": "word: with verbose_json, for a model with FunASR's CTC branch"},
         "stream": {"type": "boolean", "default": False},
         "hotwords": {"type": "string", "description": "words to favour, comma or newline separated"},
         "itn": {"type": "boolean", "default": True, "description": "inverse text normalisation"},
