@@ -13,7 +13,7 @@ from nanoasr.backend import array_module, to_numpy
 from nanoasr.errors import ModelError
 from nanoasr.model.adaptor import transformer_block
 from nanoasr.model.ctc_vocab import CtcVocabulary
-from nanoasr.model.layouts import _SUBLAYER_FUNASR, _replace_all
+from nanoasr.model.layouts import SUBLAYER_FUNASR, replace_all
 from nanoasr.ops import linear
 from nanoasr.tensor import StoredTensor
 
@@ -53,7 +53,7 @@ def logical_name(name: str) -> str:
         return f"{P}linear_{m.group(1)}.{m.group(2)}"
     m = re.match(r"ctc_decoder\.blocks\.(\d+)(\..+)$", name)
     if m:
-        return f"{P}layers.{m.group(1)}" + _replace_all(m.group(2), _SUBLAYER_FUNASR)
+        return f"{P}layers.{m.group(1)}" + replace_all(m.group(2), SUBLAYER_FUNASR)
     return name
 
 
