@@ -7,12 +7,12 @@
 Importing nanoasr is light: numba kernels and CuPy load only when a model needs them.
 """
 from nanoasr.errors import AudioError, AudioTooLongError, ModelError, NanoasrError, OptionError
-from nanoasr.transcript import Segment, Transcript
+from nanoasr.transcript import Segment, Transcript, Word
 
 __version__ = "0.1.0"
 __all__ = [
     "AudioError", "AudioTooLongError", "Model", "ModelError", "NanoasrError", "OptionError", "Segment",
-    "Transcript", "load_model",
+    "Transcript", "Word", "load_model",
 ]
 
 

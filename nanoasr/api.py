@@ -5,6 +5,7 @@ one at a time, and gives the same result it gives alone.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import numbers
 import reprlib
@@ -18,12 +19,12 @@ import numpy as np
 from nanoasr import backend as backend_mod
 from nanoasr.audio.fbank import REFERENCES
 from nanoasr.errors import OptionError
-from nanoasr.model import adaptor, decoder, encoder, generate, prompt
+from nanoasr.model import adaptor, alignment, ctc, decoder, encoder, generate, prompt
 from nanoasr.model.tokenizer import Tokenizer
 from nanoasr.model.checkpoint import Checkpoint
 from nanoasr.model.load import load_checkpoint
 from nanoasr.model.spec import expected_tensors
-from nanoasr.transcript import Segment, Transcript
+from nanoasr.transcript import Segment, Transcript, Word
 
 FUNASR_ADAPTOR_EPS = 1e-12  # the authors' adaptor LayerNorm eps (DESIGN §2)
 MAX_SEGMENT_S = 30.0
@@ -43,6 +44,7 @@ class Options:
     reference: str = "funasr"
     max_new_tokens: int | None = None
     ignore_stop: bool = False  # decode exactly the budget (reference comparisons and benchmarks)
+    word_timestamps: bool = False  # words timed by the CTC branch, and its greedy text (ModelScope model.pt)
 
     def __post_init__(self):
         """Every option is checked here, before any audio is decoded. `hotwords` may come as any sequence of
@@ -52,15 +54,20 @@ class Options:
         _check_type("context", self.context, (str, type(None)), "a string or None")
         _check_type("reference", self.reference, str, "a string")
         _check_type("ignore_stop", self.ignore_stop, bool, "True or False")
+        _check_type("word_timestamps", self.word_timestamps, bool, "True or False")
+        if self.word_timestamps and self.reference != "funasr":
+            raise OptionError("word timestamps follow FunASR's CTC branch, which reads the encoder output of "
+                              f"reference='funasr'; got reference={self.reference!r}", "word_timestamps")
         budget = self.max_new_tokens
         if budget is not None:
             object.__setattr__(self, "max_new_tokens", _whole_number("max_new_tokens", budget, "or None"))
         object.__setattr__(self, "hotwords", _hotword_tuple(self.hotwords))
         if self.reference not in REFERENCES:
-            raise OptionError(f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}")
+            raise OptionError(f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}",
+                              "reference")
         if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= generate.MAX_NEW_TOKENS:
             raise OptionError(f"max_new_tokens must be between 1 and {generate.MAX_NEW_TOKENS}; "
-                              f"got {self.max_new_tokens}")
+                              f"got {self.max_new_tokens}", "max_new_tokens")
         # language, hotwords and context, and their length limits
         prompt.instruction(self.language, self.itn, self.hotwords, self.context)
 
@@ -70,27 +77,30 @@ class Options:
 
 def _check_type(name: str, value, types, accepted: str) -> None:
     if not isinstance(value, types):
-        raise OptionError(f"{name} must be {accepted}; got {reprlib.repr(value)} ({type(value).__name__})")
+        raise OptionError(f"{name} must be {accepted}; got {reprlib.repr(value)} ({type(value).__name__})",
+                          name)
 
 
 def _whole_number(name: str, value, alternative: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise OptionError(f"{name} must be a whole number{' ' + alternative if alternative else ''}; got "
-                          f"{reprlib.repr(value)} ({type(value).__name__})")
+                          f"{reprlib.repr(value)} ({type(value).__name__})", name)
     return int(value)
 
 
 def _hotword_tuple(hotwords) -> tuple[str, ...]:
     if isinstance(hotwords, (str, bytes)):  # tuple("abc") would make three hotwords of it
         raise OptionError(f"hotwords must be a list of strings, not one string: give [word] for a single "
-                          f"hotword; got {reprlib.repr(hotwords)}")
+                          f"hotword; got {reprlib.repr(hotwords)}", "hotwords")
     try:
         words = tuple(hotwords)
     except TypeError:
-        raise OptionError(f"hotwords must be a list of strings; got {type(hotwords).__name__}") from None
+        raise OptionError(f"hotwords must be a list of strings; got {type(hotwords).__name__}",
+                          "hotwords") from None
     for word in words:
         if not isinstance(word, str):
-            raise OptionError(f"hotwords must be strings; got {reprlib.repr(word)} ({type(word).__name__})")
+            raise OptionError(f"hotwords must be strings; got {reprlib.repr(word)} ({type(word).__name__})",
+                              "hotwords")
     return words
 
 
@@ -111,7 +121,7 @@ class Model:
         """`batch_size`: segments of one call decoded together, at most (each in its own KV-cache row)."""
         self.batch_size = _whole_number("batch_size", batch_size)
         if self.batch_size < 1:
-            raise OptionError(f"batch_size must be at least 1; got {self.batch_size}")
+            raise OptionError(f"batch_size must be at least 1; got {self.batch_size}", "batch_size")
         self.checkpoint = checkpoint
         self.config = checkpoint.config
         self.backend = backend_mod.resolve(device)
@@ -120,6 +130,9 @@ class Model:
                                    checkpoint.source.get("path", "tokenizer.json"))
         vectors = {name for name, (_, kind) in expected_tensors(self.config).items() if kind != "matrix"}
         self.weights = self.backend.place(checkpoint.tensors, vectors)
+        self.ctc = checkpoint.ctc
+        if self.ctc is not None:
+            self.ctc_weights = self.backend.place(self.ctc.tensors, ctc.vector_names(self.ctc))
         self._lock = threading.Lock()
 
     @classmethod
@@ -132,12 +145,16 @@ class Model:
         resolved = hub.resolve(model, **resolve_options)
         checkpoint = load_checkpoint(resolved.path, llm)
         source = dict(checkpoint.source, repo=resolved.repo, revision=resolved.revision)
-        if "variant" not in source and resolved.repo in prompt.REPO_VARIANTS:
-            source["variant"] = prompt.REPO_VARIANTS[resolved.repo]
         if resolved.package is not None:
             source.update(license=resolved.package.license, package=resolved.package.name)
-        return cls(Checkpoint(checkpoint.config, checkpoint.tensors, checkpoint.files, source),
-                   device, threads, batch_size)
+            source.setdefault("variant", resolved.package.variant)
+        return cls(dataclasses.replace(checkpoint, source=source), device, threads, batch_size)
+
+    def require_ctc(self) -> None:
+        """OptionError naming the checkpoints that have FunASR's CTC branch, unless this model has it."""
+        if self.ctc is None:
+            raise OptionError(f"word timestamps need FunASR's CTC branch (ctc_decoder.* and ctc.ctc_lo.*): "
+                              f"{ctc.HOLDERS}; this model: {self.checkpoint.ctc_absent}", "word_timestamps")
 
     @property
     def languages(self) -> tuple[str, ...]:
@@ -177,15 +194,19 @@ class Model:
 
     # --- transcription --------------------------------------------------------------------------------
 
-    def _segment_prompts(self, wave, spans, options: Options, template: prompt.Template, timer: Timer):
+    def _segment_prompts(self, wave, spans, options: Options, template: prompt.Template, timer: Timer,
+                         encodings: dict | None = None):
         """Prompt embeddings [L, H] for the spans of `wave`, in order, each computed when the decoder asks for
         it. Spans go through the encoder one at a time, so no work is spent on padding them to a common
-        length; each fills the audio slot of the call's one tokenized `template`."""
-        for a, b in spans:
+        length; each fills the audio slot of the call's one tokenized `template`. With `encodings`, each
+        span's encoder output [1, T, 512] and mask [1, T] are kept there by index, for the CTC branch."""
+        for index, (a, b) in enumerate(spans):
             with timer.stage("frontend"):
                 feats, mask = self.features([wave[a:b]], options.reference)
             with timer.stage("encoder"):
                 enc = self.encode(feats, mask)
+            if encodings is not None:
+                encodings[index] = enc, mask
             with timer.stage("adaptor"):
                 audio = self.adapt(enc, mask, options.reference)
             low_frame_rate = self.config.adaptor.use_low_frame_rate
@@ -195,14 +216,18 @@ class Model:
     def transcribe(self, audio, *, sample_rate: int | None = None, language: str | None = None,
                    itn: bool = True, hotwords=(), context: str | None = None, reference: str = "funasr",
                    max_new_tokens: int | None = None, ignore_stop: bool = False,
-                   max_duration_s: float | None = None, on_segment=None) -> Transcript:
+                   max_duration_s: float | None = None, on_segment=None,
+                   word_timestamps: bool = False) -> Transcript:
         """Transcribe a path, encoded bytes, a binary file object, an array (with `sample_rate`), or a
         DecodedAudio from nanoasr.audio.io.decode_audio (taken as it is, not decoded again).
 
         `on_segment(segment)`, when given, is called as each segment is finished, in order.
         `max_duration_s` refuses longer audio with AudioTooLongError (default: no limit).
+        `word_timestamps` gives each segment `words`, `ctc_text` and `ctc_agreement` from FunASR's CTC branch;
+        a checkpoint without one refuses it with OptionError.
         """
-        options = Options(language, itn, hotwords, context, reference, max_new_tokens, ignore_stop)
+        options = Options(language, itn, hotwords, context, reference, max_new_tokens, ignore_stop,
+                          word_timestamps)
         return self._transcribe(audio, sample_rate, options, on_segment, max_duration_s)
 
     def transcribe_batch(self, inputs, **kwargs) -> list[Transcript]:
@@ -226,6 +251,9 @@ class Model:
         start = time.perf_counter()
         timer = Timer()
         prompt.language_code(options.language, self.languages)  # one the loaded model was trained for
+        if options.word_timestamps:
+            self.require_ctc()
+        encodings = {} if options.word_timestamps else None
         # the prompt's text, tokenized once for every segment and held to its limit before any audio is read
         template = prompt.template(self.tokenizer, **options.prompt_options())
         with self._lock, backend_mod.threads(self.threads):
@@ -247,12 +275,15 @@ class Model:
                     a, b = spans[len(segments)]
                     segment = Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, self.tokenizer.decode(g.ids),
                                       g.finish_reason, tuple(g.ids), g.avg_logprob)
+                    if encodings is not None:
+                        with timer.stage("ctc"):
+                            segment = self._with_words(segment, *encodings.pop(len(segments)))
                     segments.append(segment)
                     if on_segment is not None:
                         on_segment(segment)
 
             if spans:
-                prompts = self._segment_prompts(wave, spans, options, template, timer)
+                prompts = self._segment_prompts(wave, spans, options, template, timer, encodings)
                 rows = self._decode_rows(spans, budgets, template.text_tokens, options.reference)
                 generate.generate(prompts, budgets, self.weights, self.config.text, self.tokenizer.stop_ids,
                                   options.ignore_stop, rows=rows, timings=timer.ms, on_done=emit)
@@ -265,6 +296,23 @@ class Model:
                         "; max_new_tokens raises the budget" if "length" in cut else "")
         code = prompt.language_code(options.language)
         return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, duration, timer.ms)
+
+    def _with_words(self, segment: Segment, enc, mask) -> Segment:
+        """The segment with its words, the CTC branch's greedy text and their agreement (FunASR's
+        inference_llm: the decoder's text aligned against the CTC posteriors of the segment's frames)."""
+        cfg, vocab = self.ctc.config, self.ctc.vocabulary
+        logp = ctc.log_probs(enc, mask, self.ctc_weights, cfg)  # [T, vocab]
+        ctc_text = vocab.decode(ctc.greedy_ids(logp, cfg.blank_id))
+        targets = vocab.encode(segment.text)
+        spans = alignment.token_spans(*ctc.target_columns(logp, targets, cfg.blank_id), targets)
+        if spans is None:  # no alignment exists: no word times rather than made-up ones
+            log.warning("segment at %.2f s: its %d CTC tokens do not fit in its %d frames; it has no word "
+                        "times", segment.start, len(targets), logp.shape[0])
+        pieces = alignment.words(segment.text, [vocab.token_bytes(t) for t in targets], spans or [])
+        seconds = lambda frame: round(segment.start + frame * ctc.FRAME_S, 3)  # noqa: E731
+        words = tuple(Word(w, seconds(a), seconds(b), p) for w, a, b, p in pieces)
+        return dataclasses.replace(segment, words=words, ctc_text=ctc_text,
+                                   ctc_agreement=round(alignment.agreement(segment.text, ctc_text), 4))
 
     def _decode_rows(self, spans, budgets, text_tokens: int, reference: str) -> int:
         """Segments decoded together: batch_size, fewer when their cache rows would pass MAX_CACHE_BYTES."""

@@ -14,7 +14,11 @@ class ModelError(NanoasrError):
 
 
 class OptionError(NanoasrError, ValueError):
-    """A transcription or command option has a value nanoasr does not accept."""
+    """A transcription or command option has a value nanoasr does not accept; `field` names the option."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class AudioTooLongError(AudioError):

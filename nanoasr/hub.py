@@ -46,12 +46,13 @@ class PackageFile:
 class Package:
     name: str
     description: str
-    format: str  # "safetensors" | "gguf"
+    format: str  # "safetensors" | "gguf" | "model.pt" (FunASR's folder)
     repo: str
     revision: str
     files: tuple[PackageFile, ...]
     license: str
     license_url: str | None = None
+    variant: str = "fun-asr-nano-2512"  # or "fun-asr-mlt-nano-2512": which languages the model knows
 
     @property
     def size(self) -> int | None:
@@ -102,7 +103,8 @@ class Target:
 def list_packages() -> list[Package]:
     return [Package(p["name"], p.get("description", ""), p["format"], p["repo"], p["revision"],
                     tuple(PackageFile(f["name"], f.get("size"), f.get("sha256")) for f in p["files"]),
-                    p.get("license", "unknown"), p.get("license_url")) for p in spec()["packages"]]
+                    p.get("license", "unknown"), p.get("license_url"), p.get("variant", "fun-asr-nano-2512"))
+            for p in spec()["packages"]]
 
 
 def default_package() -> Package:

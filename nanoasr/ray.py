@@ -22,8 +22,8 @@ from nanoasr.transcript import Transcript
 
 # Model.transcribe's options that apply to rows of encoded files (sample_rate and on_segment do not)
 OPTIONS = ("language", "itn", "hotwords", "context", "reference", "max_new_tokens", "ignore_stop",
-           "max_duration_s")
-STAGES = ("load_audio", "frontend", "encoder", "adaptor", "prefill", "decode", "total")  # Transcript.timings
+           "max_duration_s", "word_timestamps")
+STAGES = ("load_audio", "frontend", "encoder", "adaptor", "ctc", "prefill", "decode", "total")  # its timings
 INSTALL_HINT = 'pip install "nanoasr[ray]"'
 
 
@@ -39,7 +39,7 @@ def transcribe_dataset(ds, model=None, *, workers: int | None = None, threads_pe
     `workers` that takes every CPU needs a read that takes none (`read_binary_files(..., num_cpus=0)`):
     Ray starts the actors first, and a read task waiting for a CPU would wait for ever.
     `transcribe_options`: Model.transcribe's (language, itn, hotwords, context, reference, max_new_tokens,
-    ignore_stop, max_duration_s), checked here before anything runs (OptionError).
+    ignore_stop, max_duration_s, word_timestamps), checked here before anything runs (OptionError).
     """
     ray = require_ray()
     options = check_options(transcribe_options)
@@ -78,13 +78,16 @@ def check_options(options: dict) -> dict:
 
 def row_schema():
     """The pyarrow schema of the transcript rows: path, text, language, duration_s, segments (start, end,
-    text, finish_reason, token_ids, avg_logprob), timings (ms per stage) and error (None unless the file
-    failed)."""
+    text, finish_reason, token_ids, avg_logprob; words, ctc_text and ctc_agreement, null unless
+    word_timestamps), timings (ms per stage) and error (None unless the file failed)."""
     import pyarrow as pa
 
+    word = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64()),
+                      ("probability", pa.float64())])
     segment = pa.struct([("start", pa.float64()), ("end", pa.float64()), ("text", pa.string()),
                          ("finish_reason", pa.string()), ("token_ids", pa.list_(pa.int64())),
-                         ("avg_logprob", pa.float64())])
+                         ("avg_logprob", pa.float64()), ("words", pa.list_(word)), ("ctc_text", pa.string()),
+                         ("ctc_agreement", pa.float64())])
     return pa.schema([("path", pa.string()), ("text", pa.string()), ("language", pa.string()),
                       ("duration_s", pa.float64()), ("segments", pa.list_(segment)),
                       ("timings", pa.struct([(stage, pa.float64()) for stage in STAGES])),
@@ -104,6 +107,8 @@ class Transcriber:
         from nanoasr.api import Model
 
         self.model = Model.load(load["model"], threads=load["threads"], llm=load["llm"])
+        if options.get("word_timestamps"):
+            self.model.require_ctc()  # once, in the actor's start, rather than as every file's error
         self.options = options
 
     def __call__(self, batch):  # pyarrow Table with path, bytes [B] -> Table of row_schema() [B]

@@ -10,6 +10,17 @@ import json
 from dataclasses import dataclass, field
 
 FINISH_REASONS = ("stop", "length", "repetition", "silence")
+OPTIONAL_FIELDS = ("words", "ctc_text", "ctc_agreement")  # Segment's, present with word_timestamps
+
+
+@dataclass(frozen=True)
+class Word:
+    """A word (a character in Chinese and Japanese) with the times forced alignment gives it."""
+
+    word: str
+    start: float
+    end: float
+    probability: float  # the mean over its CTC tokens of each token's best frame probability
 
 
 @dataclass(frozen=True)
@@ -22,6 +33,11 @@ class Segment:
     finish_reason: str  # "stop" | "length" (token budget hit) | "repetition" (loop guard) | "silence"
     token_ids: tuple[int, ...] = ()
     avg_logprob: float = 0.0  # mean log-probability of the generated tokens (0 for skipped segments)
+    # With word_timestamps (a checkpoint with FunASR's CTC branch): the words, empty when the text's tokens
+    # do not fit in the segment's frames; the CTC branch's greedy text and its agreement with `text` (0..1).
+    words: tuple[Word, ...] | None = None
+    ctc_text: str | None = None
+    ctc_agreement: float | None = None
 
     @property
     def truncated(self) -> bool:
@@ -51,8 +67,11 @@ class Transcript:
         return tuple(t for segment in self.segments for t in segment.token_ids)
 
     def to_dict(self) -> dict:
+        """Word and CTC fields appear only where they were asked for."""
         out = dataclasses.asdict(self)
-        out["segments"] = [dict(s, truncated=seg.truncated) for s, seg in zip(out["segments"], self.segments)]
+        out["segments"] = [{k: v for k, v in dict(s, truncated=seg.truncated).items()
+                            if k not in OPTIONAL_FIELDS or v is not None}
+                           for s, seg in zip(out["segments"], self.segments)]
         out["finish_reason"] = self.finish_reason
         return out
 
@@ -64,7 +83,8 @@ class Transcript:
         """The inverse of `to_dict` (derived keys such as `finish_reason` and `truncated` are recomputed)."""
         names = {f.name for f in dataclasses.fields(Segment)}
         fields = [{k: v for k, v in s.items() if k in names} for s in data["segments"]]
-        segments = tuple(Segment(**dict(f, token_ids=tuple(f.get("token_ids", ())))) for f in fields)
+        segments = tuple(Segment(**dict(f, token_ids=tuple(f.get("token_ids", ())), words=_words(f)))
+                         for f in fields)
         timings = dict(data.get("timings", {}))
         return cls(data["text"], segments, data.get("language"), data["duration_s"], timings)
 
@@ -88,3 +108,8 @@ class Transcript:
         from nanoasr import writers
 
         writers.write(self, fmt or writers.format_of(path), path)
+
+
+def _words(segment: dict) -> tuple[Word, ...] | None:
+    words = segment.get("words")
+    return None if words is None else tuple(Word(**w) for w in words)

@@ -1,4 +1,5 @@
-"""Transcript writers: txt, json, srt, vtt, tsv. Segment times come from nanoasr's segmenter."""
+"""Transcript writers: txt, json, srt, vtt, tsv. Segment times come from nanoasr's segmenter; where segments
+carry words (word_timestamps), SRT/VTT cues and TSV rows take their times from the words instead."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,20 +27,72 @@ def _cues(transcript):  # the segments with text, as (start, end, one-line text)
     return [(s.start, s.end, _line(s.text)) for s in transcript.segments if _line(s.text)]
 
 
-def render(transcript, fmt: str) -> str:
-    """`transcript` as txt (one segment per line), json, srt, vtt or tsv (integer milliseconds) text."""
+def _spaceless(ch: str) -> bool:  # Chinese and Japanese characters and punctuation: joined without a space
+    o = ord(ch)
+    return o >= 0x2E80 and not (0xAC00 <= o <= 0xD7AF or 0x3130 <= o <= 0x318F)  # Hangul takes spaces
+
+
+def _join(words) -> str:
+    out = ""
+    for w in words:
+        text = _line(w.word)
+        out += text if not out or _spaceless(out[-1]) or _spaceless(text[0]) else " " + text
+    return out
+
+
+def _word_cues(words, width: int | None, count: int | None):  # one segment's words -> [(start, end, text)]
+    """Lines of at most `width` characters (a longer word alone on its line), at most `count` lines a cue;
+    words are never split. Without `width`, one line for the segment."""
+    cues, lines = [], [[]]
+    for w in words:
+        if lines[-1] and width is not None and len(_join(lines[-1] + [w])) > width:
+            if count is not None and len(lines) >= count:
+                cues.append(lines)
+                lines = [[]]
+            else:
+                lines.append([])
+        lines[-1].append(w)
+    cues.append(lines)
+    return [(cue[0][0].start, cue[-1][-1].end, "\n".join(_join(line) for line in cue)) for cue in cues]
+
+
+def _subtitle_cues(transcript, width=None, count=None):  # word-timed cues where segments have words
+    cues = []
+    for s in transcript.segments:
+        if s.words:
+            cues.extend(_word_cues(s.words, width, count))
+        elif _line(s.text):
+            cues.append((s.start, s.end, _line(s.text)))
+    return cues
+
+
+def _tsv_rows(transcript):  # a row per word where segments have words, else per segment
+    rows = []
+    for s in transcript.segments:
+        if s.words:
+            rows.extend((w.start, w.end, _line(w.word)) for w in s.words)
+        elif _line(s.text):
+            rows.append((s.start, s.end, _line(s.text)))
+    return rows
+
+
+def render(transcript, fmt: str, max_line_width: int | None = None, max_line_count: int | None = None) -> str:
+    """`transcript` as txt (one segment per line), json, srt, vtt or tsv (integer milliseconds) text.
+    `max_line_width` (characters) and `max_line_count` (lines a cue) shape SRT/VTT cues of word-timed
+    segments, as whisper's options do; each cue stays inside its segment."""
     if fmt == "txt":
         return "".join(f"{text}\n" for _, _, text in _cues(transcript))
     if fmt == "json":
         return transcript.to_json(indent=2) + "\n"
+    cues = _subtitle_cues(transcript, max_line_width, max_line_count)
     if fmt == "srt":
         return "".join(f"{i}\n{_clock(a, ',')} --> {_clock(b, ',')}\n{text}\n\n"
-                       for i, (a, b, text) in enumerate(_cues(transcript), 1))
+                       for i, (a, b, text) in enumerate(cues, 1))
     if fmt == "vtt":
         return "WEBVTT\n\n" + "".join(f"{_clock(a, '.')} --> {_clock(b, '.')}\n{text}\n\n"
-                                      for a, b, text in _cues(transcript))
+                                      for a, b, text in cues)
     if fmt == "tsv":
-        rows = [f"{round(a * 1000)}\t{round(b * 1000)}\t{text}\n" for a, b, text in _cues(transcript)]
+        rows = [f"{round(a * 1000)}\t{round(b * 1000)}\t{text}\n" for a, b, text in _tsv_rows(transcript)]
         return "start\tend\ttext\n" + "".join(rows)
     raise OptionError(f"output format must be one of {', '.join(FORMATS)}; got {fmt!r}")
 

@@ -263,3 +263,18 @@ def test_load_model_and_import_stay_light(tiny_dir):
     first, second = done.stdout.splitlines()
     assert first == "", f"import nanoasr pulled in {first}"
     assert second == "Model False False"  # a CPU model needs neither CuPy nor torch
+
+
+@pytest.mark.parametrize("options, field", [
+    (dict(language="klingon"), "language"), (dict(itn="no"), "itn"), (dict(hotwords="abc"), "hotwords"),
+    (dict(context=3), "context"), (dict(reference="whisper"), "reference"),
+    (dict(max_new_tokens=2.5), "max_new_tokens"), (dict(hotwords=["x" * 101]), "hotwords"),
+    (dict(context="x" * 5000), "context"),
+])
+def test_an_option_error_names_its_field(options, field):
+    from nanoasr.api import Options
+    from nanoasr.errors import OptionError
+
+    with pytest.raises(OptionError) as refused:
+        Options(**options)
+    assert refused.value.field == field and field.rstrip("s") in str(refused.value)

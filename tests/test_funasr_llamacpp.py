@@ -178,3 +178,14 @@ def test_the_command_line_takes_the_pair_to_transcribe_and_to_convert(pair, orig
     assert converted.config == original.config
     for name, t in original.tensors.items():
         np.testing.assert_array_equal(widen(converted.tensors[name]), widen(t), err_msg=name)
+
+
+def test_a_folder_of_ggufs_holds_one_model_or_says_what_it_found(pair, original, tmp_path):
+    one = tmp_path / "one"
+    one.mkdir()
+    convert.write(one / "model.gguf", original, "f32", report=False, progress=None)
+    assert load_checkpoint(one).config == original.config
+    (one / "other.gguf").symlink_to(pair / DECODER_FILE)
+    with pytest.raises(ModelError, match=r"expected one model in the directory.* found 2 GGUF file\(s\) "
+                                         r"\(model.gguf, other.gguf\)"):
+        load_checkpoint(one)

@@ -424,7 +424,7 @@ def test_transcribe_passes_the_limit_on(tiny_model):
 
 
 class FakeModel:
-    def load(self, model, device, threads):
+    def load(self, model, device, threads, llm=None):
         return self
 
     def transcribe(self, audio, **kwargs):

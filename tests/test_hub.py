@@ -108,6 +108,10 @@ REPOS = {
         CKPT: {"config.json": CONFIG, "tokenizer.json": b"{}", "model.safetensors": b"\0" * 64,
                "README.md": b"x"},
     }},
+    "test/funasr": {"refs": {"main": CKPT}, "commits": {  # FunASR's folder, with its Qwen3-0.6B/ subfolder
+        CKPT: {"model.pt": b"PK\x03\x04 weights", "config.yaml": b"model: FunASRNano\n",
+               "Qwen3-0.6B/tokenizer.json": b"{}", "README.md": b"x"},
+    }},
     "test/other": {"refs": {"main": CKPT}, "commits": {  # a repo no package describes
         CKPT: {"config.json": CONFIG, "tokenizer.json": b"{}", "model.safetensors": b"\0" * 64,
                "README.md": b"x", "other-Q4_K_M.gguf": b"GGUF q4"},
@@ -129,6 +133,9 @@ SPEC = {"default_package": "ckpt", "packages": [
     package("f16", "gguf", "test/gguf", OLD, [{"name": "m-f16.gguf", "size": None, "sha256": None}]),
     package("bad", "gguf", "test/gguf", OLD,
             [{"name": "bad-q4_k_m.gguf", "sha256": sha256(b"what the spec says")}]),
+    dict(package("mlt", "model.pt", "test/funasr", CKPT,
+                 [{"name": "model.pt"}, {"name": "config.yaml"}, {"name": "Qwen3-0.6B/tokenizer.json"}]),
+         variant="fun-asr-mlt-nano-2512"),
 ]}
 
 
@@ -182,6 +189,14 @@ def test_pinned_revision_is_fetched_not_main(hf_env, fake_hub):
     assert latest.path.read_bytes() == GGUF_NEW and latest.revision == NEW and latest.package.name == "q8"
     assert hub.resolve("q8", revision=NEW, progress=False).path.read_bytes() == GGUF_NEW
     assert hub.resolve("test/gguf:q8_0", progress=False).revision == OLD  # a package's repo: pinned commit
+
+
+def test_a_funasr_folder_package_brings_its_subfolder_and_its_variant(hf_env, fake_hub):
+    resolved = hub.resolve("mlt", progress=False)
+    assert resolved.path.is_dir() and (resolved.path / "Qwen3-0.6B" / "tokenizer.json").read_bytes() == b"{}"
+    assert (resolved.path / "config.yaml").is_file() and not (resolved.path / "README.md").exists()
+    assert resolved.package.format == "model.pt" and resolved.package.variant == "fun-asr-mlt-nano-2512"
+    assert hub.get_package("q8").variant == "fun-asr-nano-2512"  # the default
 
 
 def test_second_resolve_uses_the_cache(hf_env, fake_hub):
@@ -460,6 +475,7 @@ def test_real_spec_packages_are_pinned_and_licensed():
     for p in packages.values():
         assert re.fullmatch(r"[0-9a-f]{40}", p.revision) and p.license and p.files
     assert {p.quant for p in packages.values() if p.format == "gguf"} >= {"q8_0", "f16"}
+    assert {p.variant for p in packages.values()} == {"fun-asr-nano-2512", "fun-asr-mlt-nano-2512"}
 
 
 def test_import_is_light():

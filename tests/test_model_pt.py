@@ -347,3 +347,20 @@ def test_a_config_yaml_without_use_low_frame_rate_gives_the_decoder_every_audio_
     model.transcribe(wave, sample_rate=16000, reference="funasr", max_new_tokens=2, ignore_stop=True)
     n_frames = model.features([wave], "funasr")[0].shape[1]
     assert rows == [n_frames] and prompt.n_audio_tokens(n_frames, "funasr") < n_frames
+
+
+def test_the_mlt_package_gives_a_model_of_31_languages(funasr_dir, monkeypatch):
+    from nanoasr import hub
+    from nanoasr.errors import OptionError
+
+    mlt = hub.get_package("fun_asr_mlt_nano_2512")
+    with monkeypatch.context() as m:  # the package's files are the tiny folder
+        m.setattr(hub, "resolve", lambda model, **kw: hub.Resolved(funasr_dir, mlt.repo, mlt.revision, mlt))
+        model = nanoasr.load_model("fun_asr_mlt_nano_2512")
+    assert model.checkpoint.source["variant"] == "fun-asr-mlt-nano-2512" and len(model.languages) == 31
+    wave = cases(REFS, "funasr")["short"]["wave"]
+    model.transcribe(wave, sample_rate=16000, language="Korean", max_new_tokens=1, ignore_stop=True)
+    nano = nanoasr.load_model(str(funasr_dir))
+    assert nano.languages == ("zh", "en", "ja")
+    with pytest.raises(OptionError, match=r"not trained for it; its languages are zh, en, ja"):
+        nano.transcribe(wave, sample_rate=16000, language="ko", max_new_tokens=1)

@@ -197,6 +197,27 @@ def test_transcribe_dataset_rows_match_model_transcribe(cluster, clips, tiny_dir
         assert row["text"] == "" and row["segments"] == [] and row["duration_s"] is None
 
 
+def test_word_timestamps_come_through_the_rows(tiny_dir, tmp_path):
+    """The actor's class called here, in this process: words and the CTC fields survive the row schema."""
+    pytest.importorskip("torch")  # the CTC checkpoint is written with it (CI installs it: no skip there)
+    import pyarrow as pa
+
+    from nanoasr.ray import Transcriber
+    from tools.reference import ctc_branch, funasr_checkpoint
+
+    ctc_dir = ctc_branch.write(funasr_checkpoint.write(tiny_dir, tmp_path / "ctc"))
+    clip = tmp_path / "clip.wav"
+    soundfile.write(clip, speech_like(7.0, seed=5), SR)
+    options = dict(max_new_tokens=4, word_timestamps=True)
+    transcriber = Transcriber(dict(model=str(ctc_dir), llm=None, threads=1), options)
+    (row,) = transcriber(pa.table({"path": [str(clip)], "bytes": [clip.read_bytes()]})).to_pylist()
+    expected = Model.load(str(ctc_dir), threads=1).transcribe(str(clip), **options)
+    assert any(segment.words for segment in expected.segments)
+    got = to_transcript(row)
+    assert dataclasses.replace(got, timings={}) == dataclasses.replace(expected, timings={})
+    assert set(got.timings) == set(expected.timings)
+
+
 def test_transcribe_dataset_checks_its_options_before_running(cluster, clips):
     audio = ray.data.read_binary_files(str(clips), include_paths=True)
     for bad in [dict(langauge="en"), dict(language="klingon"), dict(max_new_tokens=0),

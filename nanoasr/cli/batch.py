@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     output = parser.add_argument_group("input and output")
     output.add_argument("-f", "--output-format", default="txt", metavar="FORMAT",
                         help=f"{', '.join(FORMATS)} or all; several separated by commas")
+    output.add_argument("--max-line-width", type=positive(int), default=None, metavar="N",
+                        help="with --word-timestamps: at most N characters a subtitle line (whole words)")
+    output.add_argument("--max-line-count", type=positive(int), default=None, metavar="N",
+                        help="with --max-line-width: at most N lines a subtitle cue")
     output.add_argument("-r", "--recursive", action="store_true",
                         help="directories: also the audio files in their subdirectories")
     output.add_argument("--max-duration", type=positive(float), default=None, metavar="SECONDS",
@@ -79,6 +83,10 @@ def main(argv: list[str]) -> int:
     formats = transcribe.parse_formats(args.output_format, parser)
     if transcribe.STDIN in args.audio:
         parser.error("'-' (stdin) is not an input of batch: give files or directories")
+    if (args.max_line_width or args.max_line_count) and not args.word_timestamps:
+        parser.error("--max-line-width and --max-line-count shape word-timed cues: give --word-timestamps")
+    if args.max_line_count and not args.max_line_width:
+        parser.error("--max-line-count needs --max-line-width (lines break at that width)")
     try:
         options = transcribe.transcribe_options(args, parser)
     except OptionError as exc:
@@ -160,7 +168,8 @@ def _run(args, items: dict, formats, options: dict, out_dir: Path, failed: int) 
         try:
             for row in rows.iter_rows():
                 item = todo[row["path"]]
-                tally.done(item, _finish(row, item, formats, out_dir, manifest))
+                lines = (args.max_line_width, args.max_line_count)
+                tally.done(item, _finish(row, item, formats, out_dir, manifest, lines))
         except ray.exceptions.RayError as exc:
             error(PROG, f"the Ray job failed: {_last_line(exc)}")
             return EXIT_FAILED
@@ -188,7 +197,7 @@ def _transcripts(args, paths: list[str], options: dict):
                               threads_per_worker=args.threads_per_worker, llm=args.llm, **options)
 
 
-def _finish(row: dict, item, formats, out_dir: Path, manifest: "Manifest") -> dict:
+def _finish(row: dict, item, formats, out_dir: Path, manifest: "Manifest", lines) -> dict:
     """The input's files written from its row, then its manifest line (returned)."""
     from nanoasr.ray import to_transcript
 
@@ -200,7 +209,7 @@ def _finish(row: dict, item, formats, out_dir: Path, manifest: "Manifest") -> di
     try:
         for fmt in formats:
             path = out_dir / f"{item.stem}.{fmt}"
-            write_whole(path, transcribe.render(transcript, fmt, item.label, compact=False))
+            write_whole(path, transcribe.render(transcript, fmt, item.label, False, lines))
             outputs.append(path.relative_to(out_dir).as_posix())
     except OSError as exc:
         return manifest.add(row["path"], "error", seconds=seconds,

@@ -29,7 +29,9 @@ EPILOG = """\
 Without -o, each transcript is printed on stdout in the -f format (txt: its text on one line; json:
 one JSON object per line). With -o DIR, files DIR/<name>.<format> are written (existing ones are
 replaced; --skip-existing skips inputs whose outputs all exist) and the text still goes to stdout.
-Segment times come from the segmenter (speech stretches of at most 30 s); there are no word timings.
+Segment times come from the segmenter (speech stretches of at most 30 s). --word-timestamps times each
+word by forced alignment against FunASR's CTC branch, which only the ModelScope copy of Fun-ASR-Nano-2512's
+model.pt carries: json gets each segment's words, srt/vtt cues take word times, tsv gets a row per word.
 Exit status: 0 all inputs transcribed, 1 some failed, 2 usage error.
 """
 
@@ -93,6 +95,9 @@ def add_transcription_options(parser: argparse.ArgumentParser) -> None:
                           help="numerics profile to follow")
     decoding.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                           help="token budget per segment (default: scaled to its duration, at most 512)")
+    decoding.add_argument("--word-timestamps", action="store_true",
+                          help="word (Chinese/Japanese: character) times from the CTC branch of FunASR's "
+                               "ModelScope model.pt, and its greedy text as a second opinion")
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -102,6 +107,10 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
     output.add_argument("-o", "--output-dir", default=None, metavar="DIR",
                         help="write one file per input and format here, created if missing "
                              "(default: none, print on stdout)")
+    output.add_argument("--max-line-width", type=positive(int), default=None, metavar="N",
+                        help="with --word-timestamps: at most N characters a subtitle line (whole words)")
+    output.add_argument("--max-line-count", type=positive(int), default=None, metavar="N",
+                        help="with --max-line-width: at most N lines a subtitle cue")
     output.add_argument("--max-duration", type=positive(float), default=None, metavar="SECONDS",
                         help="refuse inputs longer than this, with one error line each (default: no limit)")
     output.add_argument("-r", "--recursive", action="store_true",
@@ -183,11 +192,12 @@ def read_hotwords(path: str, parser) -> list[str]:
     return [s for s in (line.strip() for line in lines) if s and not s.startswith("#")]
 
 
-def render(transcript, fmt: str, label: str, compact: bool) -> str:
+def render(transcript, fmt: str, label: str, compact: bool, lines=(None, None)) -> str:
+    """`lines`: (max_line_width, max_line_count) for word-timed subtitles."""
     from nanoasr import writers
 
     if fmt != "json":
-        return writers.render(transcript, fmt)
+        return writers.render(transcript, fmt, *lines)
     out = dict(source=label, **transcript.to_dict())
     return json.dumps(out, ensure_ascii=False, indent=None if compact else 2) + "\n"
 
@@ -296,6 +306,10 @@ def check_usage(args, parser) -> tuple[str, ...]:
         parser.error("several output formats (or all) write files: give -o DIR")
     if args.skip_existing and args.output_dir is None:
         parser.error("--skip-existing needs -o DIR: it skips inputs whose files there exist")
+    if (args.max_line_width or args.max_line_count) and not args.word_timestamps:
+        parser.error("--max-line-width and --max-line-count shape word-timed cues: give --word-timestamps")
+    if args.max_line_count and not args.max_line_width:
+        parser.error("--max-line-count needs --max-line-width (lines break at that width)")
     return formats
 
 
@@ -307,7 +321,8 @@ def transcribe_options(args, parser) -> dict:
     if args.hotwords_file is not None:
         hotwords += read_hotwords(args.hotwords_file, parser)
     options = dict(language=args.language, itn=args.itn, hotwords=tuple(hotwords), context=args.context,
-                   reference=args.reference, max_new_tokens=args.max_new_tokens)
+                   reference=args.reference, max_new_tokens=args.max_new_tokens,
+                   word_timestamps=args.word_timestamps)
     Options(**options)
     return options
 
@@ -324,6 +339,8 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
     start = time.perf_counter()
     try:
         model = Model.load(args.model, device=args.device, threads=args.threads, llm=args.llm)
+        if args.word_timestamps:
+            model.require_ctc()  # said once, not for every input
     except NanoasrError as exc:
         progress.error(exc)
         return EXIT_FAILED
@@ -336,7 +353,7 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
             failed += 1
             continue
         try:
-            _emit(transcript, item, formats, out_dir, progress)
+            _emit(transcript, item, formats, out_dir, progress, (args.max_line_width, args.max_line_count))
         except OSError as exc:
             progress.error(f"cannot write its output: {exc}")
             failed += 1
@@ -364,17 +381,17 @@ def _outputs_exist(item: Item, formats, out_dir: Path) -> bool:
     return all((out_dir / f"{item.stem}.{fmt}").is_file() for fmt in formats)
 
 
-def _emit(transcript, item: Item, formats, out_dir, progress) -> None:
+def _emit(transcript, item: Item, formats, out_dir, progress, lines=(None, None)) -> None:
     """Files under `out_dir` when given; on stdout the text on one line, or the chosen format without -o."""
     if out_dir is not None:
         for fmt in formats:
             path = out_dir / f"{item.stem}.{fmt}"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(render(transcript, fmt, item.label, compact=False), encoding="utf-8")
+            path.write_text(render(transcript, fmt, item.label, False, lines), encoding="utf-8")
     if out_dir is not None or formats[0] == "txt":
         text = transcript.text + "\n"
     else:
-        text = render(transcript, formats[0], item.label, compact=True)
+        text = render(transcript, formats[0], item.label, True, lines)
     progress.clear()
     sys.stdout.write(text)
     sys.stdout.flush()

@@ -13,6 +13,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUFValueType, GGMLQuantizationType, Keys
 
 from nanoasr.errors import ModelError
+from nanoasr.storage import DENSE_NUMPY
 from nanoasr.tensor import StoredTensor
 
 # the storage types nanoasr reads and writes -> their GGML types
@@ -210,9 +211,6 @@ def read_header(path: Path) -> Header:
 
 
 # --- tensors as stored ----------------------------------------------------------------------------------
-
-DENSE_NUMPY = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
-
 
 def _stored(mapped: np.memmap, info: TensorInfo, where: str) -> StoredTensor:
     """One tensor as a view of the file's read-only memory map, in its stored type and logical shape."""

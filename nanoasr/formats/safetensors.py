@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from nanoasr.errors import ModelError
+from nanoasr.storage import DENSE_NUMPY
 from nanoasr.tensor import StoredTensor
 
-DTYPES = {"F32": (np.float32, "f32"), "F16": (np.float16, "f16"), "BF16": (np.uint16, "bf16")}
+DTYPES = {name: (DENSE_NUMPY[name.lower()], name.lower()) for name in ("F32", "F16", "BF16")}
 MAX_HEADER_BYTES = 100 << 20
 
 

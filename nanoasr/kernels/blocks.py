@@ -15,6 +15,7 @@ from llvmlite import ir
 
 from nanoasr.kernels.quant_blocks import q4_k, q6_k, q8_0
 from nanoasr.kernels.vector_ir import F32, I16, I32, V16, load_vector
+from nanoasr.storage import BLOCK_TYPES
 
 
 def _dense(load, itemsize):
@@ -48,7 +49,12 @@ class Block(NamedTuple):
     has_mins: bool
 
 
+def _quantized(decode: Callable, dtype: str, unroll: int, has_mins: bool) -> Block:
+    size, nbytes = BLOCK_TYPES[dtype]
+    return Block(decode, nbytes, size, unroll, has_mins)
+
+
 BLOCKS = {
-    "q8_0": Block(q8_0, 34, 32, 4, False), "q4_k": Block(q4_k, 144, 256, 1, True),
-    "q6_k": Block(q6_k, 210, 256, 1, False), "f32": Block(_dense(_f32x16, 4), 128, 32, 2, False),
+    "q8_0": _quantized(q8_0, "q8_0", 4, False), "q4_k": _quantized(q4_k, "q4_k", 1, True),
+    "q6_k": _quantized(q6_k, "q6_k", 1, False), "f32": Block(_dense(_f32x16, 4), 128, 32, 2, False),
     "f16": Block(_dense(_f16x16, 2), 64, 32, 2, False), "bf16": Block(_dense(_bf16x16, 2), 64, 32, 2, False)}

@@ -12,10 +12,10 @@ import numpy as np
 from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.matvec import MATVEC
 from nanoasr.kernels.widen import WIDEN
+from nanoasr.storage import STORED_NUMPY
 
 QK = {kind: (BLOCKS[kind].size, BLOCKS[kind].nbytes) for kind in ("q8_0", "q4_k", "q6_k")}  # values, bytes
-_STORED = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "q8_0": np.uint8, "q4_k": np.uint8,
-           "q6_k": np.uint8}
+_STORED = STORED_NUMPY  # the data each storage type's kernels read
 
 
 def _stored(data: np.ndarray, dtype: str, rows: int, cols: int) -> np.ndarray:

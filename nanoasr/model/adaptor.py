@@ -7,14 +7,19 @@ from nanoasr.ops import layer_norm, linear, self_attention
 P = "model.multi_modal_projector."
 
 
-def adaptor_block(x, w, i, cfg: AdaptorConfig, mask, eps):  # [B, T, 1024] -> [B, T, 1024]
-    p = f"{P}layers.{i}."
+def transformer_block(x, w, p, heads, mask, eps):  # [B, T, d] -> [B, T, d]
+    """FunASR's transformer EncoderLayer (pre-LN attention, pre-LN ReLU feed-forward, both residual), with the
+    weights under prefix `p`: the adaptor's blocks and the CTC decoder's."""
     h = layer_norm(x, w[p + "input_layernorm.weight"], w[p + "input_layernorm.bias"], eps)
-    attn, _ = self_attention(h, w, p + "self_attn.", cfg.num_attention_heads, mask)
+    attn, _ = self_attention(h, w, p + "self_attn.", heads, mask)
     x = x + linear(attn, w[p + "self_attn.o_proj.weight"], w[p + "self_attn.o_proj.bias"])
     h = layer_norm(x, w[p + "post_attention_layernorm.weight"], w[p + "post_attention_layernorm.bias"], eps)
     return x + linear(linear(h, w[p + "mlp.fc1.weight"], w[p + "mlp.fc1.bias"], relu=True),
                       w[p + "mlp.fc2.weight"], w[p + "mlp.fc2.bias"])
+
+
+def adaptor_block(x, w, i, cfg: AdaptorConfig, mask, eps):  # [B, T, 1024] -> [B, T, 1024]
+    return transformer_block(x, w, f"{P}layers.{i}.", cfg.num_attention_heads, mask, eps)
 
 
 def adapt(enc, mask, w, cfg: AdaptorConfig, eps: float,

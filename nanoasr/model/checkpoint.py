@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nanoasr.errors import ModelError
 from nanoasr.model.config import Config
 from nanoasr.model.spec import expected_tensors, spec
 from nanoasr.storage import BLOCK_TYPES, DENSE_TYPES
 from nanoasr.tensor import StoredTensor, has_nonfinite
+
+if TYPE_CHECKING:
+    from nanoasr.model.ctc import CtcBranch
 
 TEXT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
               "processor_config.json", "generation_config.json")  # kept verbatim in Checkpoint.files
@@ -23,6 +27,8 @@ class Checkpoint:
     tensors: dict[str, StoredTensor]  # logical name -> weight in its stored type
     files: dict[str, str] = field(default_factory=dict)  # verbatim config/tokenizer/template texts
     source: dict = field(default_factory=dict)  # path, format, repo, revision, license
+    ctc: "CtcBranch | None" = None  # FunASR's CTC branch, which only some model.pt files carry
+    ctc_absent: str = "its format (not FunASR's model.pt) has no CTC branch"  # why `ctc` is None
 
 
 def _check_layer_counts(tensors: dict[str, StoredTensor], config: Config, where: str) -> None:

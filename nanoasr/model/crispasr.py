@@ -15,10 +15,10 @@ import warnings
 from gguf import TokenType
 
 from nanoasr.errors import ModelError
-from nanoasr.formats import gguf_read
 from nanoasr.model.config import Config
 from nanoasr.model.layouts import qwen3_names, split_fused_qkv
 from nanoasr.model.shapes import config_from_shapes, layer_count, with_metadata
+from nanoasr.storage import DENSE_TYPES
 from nanoasr.tensor import StoredTensor
 
 ARCHES = ("funasr", "fun_asr", "fun-asr")
@@ -58,7 +58,7 @@ MISTAKEN_ADAPTOR_HEADS = 16
 
 def _fsmn_as_conv(name: str, t: StoredTensor, where: str) -> StoredTensor:
     """(D, K) as the converter squeezes it -> the convolution's (D, 1, K)."""
-    if len(t.shape) != 2 or t.dtype not in gguf_read.DENSE_NUMPY:
+    if len(t.shape) != 2 or t.dtype not in DENSE_TYPES:
         raise ModelError(f"{where}: tensor {name}: expected a float (D, K) FSMN kernel, found {t.dtype} "
                          f"{list(t.shape)}")
     d, k = t.shape

@@ -10,6 +10,7 @@ from pathlib import Path
 from nanoasr.errors import ModelError
 from nanoasr.formats import torch_zip
 from nanoasr.model import config as config_mod
+from nanoasr.model import ctc
 from nanoasr.model.checkpoint import TEXT_FILES, Checkpoint, read_json, read_text, validate
 from nanoasr.model.config import Config
 from nanoasr.model.layouts import to_logical
@@ -92,12 +93,12 @@ def _yaml_sections(raw: dict, path: Path) -> tuple[dict, dict]:
     return audio, adaptor
 
 
-def _funasr_config(folder: Path, tensors: dict[str, StoredTensor], where: str) -> Config:
+def _funasr_config(folder: Path, tensors: dict[str, StoredTensor], raw_yaml: dict | None,
+                   where: str) -> Config:
     """Config from config.yaml (encoder, adaptor) and Qwen3-0.6B/config.json (decoder) where present;
     what they leave open comes from tensor shapes, and a warning lists what had to be assumed."""
     shapes, assumed = config_from_shapes(tensors, None, where)
     yaml_path, qwen = folder / "config.yaml", folder / QWEN_FOLDER / "config.json"
-    raw_yaml = _read_yaml(yaml_path)
     audio, adaptor = _yaml_sections(raw_yaml, yaml_path) if raw_yaml is not None else ({}, {})
     text = read_json(qwen, "config.json") if qwen.is_file() else dataclasses.asdict(shapes.text)
     if not isinstance(text, dict):
@@ -135,12 +136,14 @@ def _drop_tied_head(tensors: dict[str, StoredTensor]) -> dict[str, StoredTensor]
 def load_funasr(weights: Path) -> Checkpoint:
     """FunASR's model.pt (read without torch), with config.yaml and Qwen3-0.6B/ from the folder beside it."""
     where = str(weights)
-    raw = torch_zip.read(weights)  # CTC tensors stay readable here; to_logical drops them
+    raw = torch_zip.read(weights)  # to_logical drops the CTC tensors; ctc.load reads them
     if not any(n.startswith("audio_encoder.") for n in raw):
         raise ModelError(f"{where}: no audio_encoder.* tensors; expected FunASR's Fun-ASR-Nano state dict "
                          f"(audio_encoder, audio_adaptor, llm)")
     files = _qwen_files(weights.parent)
     tensors = _drop_tied_head(to_logical(raw, funasr_layout(raw)))
-    config = _funasr_config(weights.parent, tensors, where)
+    raw_yaml = _read_yaml(weights.parent / "config.yaml")
+    config = _funasr_config(weights.parent, tensors, raw_yaml, where)
     validate(tensors, config, where)
-    return Checkpoint(config, tensors, files, {"path": where, "format": "model.pt"})
+    branch, absent = ctc.load(raw, raw_yaml, weights.parent, where)
+    return Checkpoint(config, tensors, files, {"path": where, "format": "model.pt"}, branch, absent or "")

@@ -21,6 +21,7 @@ from nanoasr.model.config import Config
 from nanoasr.model.funasr import funasr_layout
 from nanoasr.model.layouts import qwen3_names, to_logical
 from nanoasr.model.shapes import config_from_shapes, layer_count, with_metadata
+from nanoasr.storage import DENSE_TYPES
 from nanoasr.tensor import StoredTensor
 
 ENCODER_ARCH = "funasr-sensevoice-encoder"
@@ -66,7 +67,7 @@ def _read(path: Path, arch: str, role: str) -> tuple[dict, dict[str, StoredTenso
 
 def _fsmn_as_conv(name: str, t: StoredTensor, where: str) -> StoredTensor:
     """(K, D) as the export script stores it -> the convolution's (D, 1, K)."""
-    if len(t.shape) != 2 or t.dtype not in gguf_read.DENSE_NUMPY:
+    if len(t.shape) != 2 or t.dtype not in DENSE_TYPES:
         raise ModelError(f"{where}: tensor {name}: expected a float (K, D) FSMN kernel, found {t.dtype} "
                          f"{list(t.shape)}")
     k, d = t.shape

@@ -44,7 +44,6 @@ LANGUAGE_ALIASES = {alias: code for code, names in LANGUAGES.items() for alias i
 LANGUAGE_ALIASES.update(mandarin="zh", tagalog="tl", slovene="sl")
 VARIANT_LANGUAGES = {"fun-asr-nano-2512": ("zh", "en", "ja"), "fun-asr-mlt-nano-2512": tuple(LANGUAGES)}
 DEFAULT_VARIANT = "fun-asr-nano-2512"
-REPO_VARIANTS = {"FunAudioLLM/Fun-ASR-MLT-Nano-2512": "fun-asr-mlt-nano-2512"}  # FunASR folders say no more
 
 
 def language_code(language: str | None, trained: tuple[str, ...] | None = None) -> str | None:
@@ -55,10 +54,10 @@ def language_code(language: str | None, trained: tuple[str, ...] | None = None) 
     code = LANGUAGE_ALIASES.get(language.strip().lower())
     if code is None:
         raise OptionError(f"unknown language {language!r}; accepted: ISO codes, English or Chinese names of "
-                          f"{', '.join(LANGUAGES)}, or auto")
+                          f"{', '.join(LANGUAGES)}, or auto", "language")
     if trained is not None and code not in trained:
         raise OptionError(f"language {language!r} ({code}): the loaded model was not trained for it; its "
-                          f"languages are {', '.join(trained)} (Fun-ASR-MLT-Nano-2512 has 31)")
+                          f"languages are {', '.join(trained)} (Fun-ASR-MLT-Nano-2512 has 31)", "language")
     return code
 
 
@@ -67,7 +66,8 @@ def instruction(language=None, itn=True, hotwords=(), context=None) -> str:
     hotwords = _checked_hotwords(hotwords)
     context = (context or "").strip()
     if len(context) > MAX_CONTEXT_CHARS:
-        raise OptionError(f"context is limited to {MAX_CONTEXT_CHARS} characters; got {len(context)}")
+        raise OptionError(f"context is limited to {MAX_CONTEXT_CHARS} characters; got {len(context)}",
+                          "context")
     text = ""
     if hotwords or context:
         text = CONTEXT_HEADER
@@ -83,14 +83,15 @@ def instruction(language=None, itn=True, hotwords=(), context=None) -> str:
 def _checked_hotwords(hotwords) -> list[str]:  # stripped, empty ones dropped, within the limits
     hotwords = [h.strip() for h in hotwords if h and h.strip()]
     if len(hotwords) > MAX_HOTWORDS:
-        raise OptionError(f"at most {MAX_HOTWORDS} hotwords are accepted; got {len(hotwords)}")
+        raise OptionError(f"at most {MAX_HOTWORDS} hotwords are accepted; got {len(hotwords)}", "hotwords")
     longest = max(hotwords, key=len, default="")
     if len(longest) > MAX_HOTWORD_CHARS:
         raise OptionError(f"a hotword is limited to {MAX_HOTWORD_CHARS} characters; got {len(longest)} in "
-                          f"{longest[:40]!r}...")
+                          f"{longest[:40]!r}...", "hotwords")
     total = sum(map(len, hotwords))
     if total > MAX_HOTWORDS_CHARS:
-        raise OptionError(f"hotwords are limited to {MAX_HOTWORDS_CHARS} characters in all; got {total}")
+        raise OptionError(f"hotwords are limited to {MAX_HOTWORDS_CHARS} characters in all; got {total}",
+                          "hotwords")
     return hotwords
 
 
@@ -116,8 +117,9 @@ def template(tokenizer, **options) -> Template:
     before = tuple(tokenizer.encode(SYSTEM + instruction(**options)))
     after = tuple(tokenizer.encode(SUFFIX))
     if len(before) + len(after) > MAX_PROMPT_TOKENS:
+        field = "context" if options.get("context") else "hotwords"
         raise OptionError(f"the prompt is limited to {MAX_PROMPT_TOKENS} text tokens; hotwords and context "
-                          f"make it {len(before) + len(after)}")
+                          f"make it {len(before) + len(after)}", field)
     return Template(before, after, tokenizer.audio)
 
 

@@ -44,7 +44,8 @@ async def transcriptions(request: Request):
     form, options = await service.receive(request)
     if options.stream:
         return await event_stream_response(service, form, options)
-    return transcript_response(await service.start(form, options, None), options.response_format)
+    return transcript_response(await service.start(form, options, None), options.response_format,
+                               options.granularities)
 
 
 async def require_key(request: Request, call_next):

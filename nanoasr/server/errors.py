@@ -22,8 +22,9 @@ def api_error(exc: NanoasrError, message: str) -> ApiError:
                         code="audio_too_long")
     if isinstance(exc, AudioError):
         return ApiError(400, f"could not decode the uploaded audio: {message}", param="file")
-    if isinstance(exc, OptionError):
-        return ApiError(400, message)
+    if isinstance(exc, OptionError):  # the model refuses word timestamps when it has no CTC branch
+        param = "timestamp_granularities" if exc.field == "word_timestamps" else None
+        return ApiError(400, message, param=param)
     return ApiError(500, message, "server_error")
 
 

@@ -16,6 +16,7 @@ class RequestOptions:
     response_format: str
     stream: bool
     transcribe: dict  # keyword arguments of Model.transcribe
+    granularities: tuple[str, ...] = ()  # timestamp_granularities asked for (verbose_json)
 
 
 def request_options(fields: dict) -> RequestOptions:
@@ -27,13 +28,15 @@ def request_options(fields: dict) -> RequestOptions:
                        param="model")
     response_format = response_format_field(fields)
     check_temperature(fields)
-    check_granularities(fields)
+    granularities = granularity_fields(fields, response_format)
     options = library_options(language=last(fields, "language"),
                               context=last(fields, "prompt", "").strip() or None,
                               hotwords=hotword_list(fields), itn=flag(fields, "itn", True))
     # Options has checked the language, so this only turns a name into its code
     transcribe = dict(options.prompt_options(), language=language_code(options.language))
-    return RequestOptions(response_format, flag(fields, "stream", False), transcribe)
+    if "word" in granularities:
+        transcribe["word_timestamps"] = True
+    return RequestOptions(response_format, flag(fields, "stream", False), transcribe, granularities)
 
 
 def last(fields: dict, name: str, default=None):
@@ -69,14 +72,18 @@ def check_temperature(fields: dict) -> None:
                        param="temperature")
 
 
-def check_granularities(fields: dict) -> None:
-    for value in fields.get("timestamp_granularities[]", []) + fields.get("timestamp_granularities", []):
-        if value == "word":
-            raise ApiError(400, "word timestamps are not available for this model; use 'segment'",
+def granularity_fields(fields: dict, response_format: str) -> tuple[str, ...]:
+    """'word' and/or 'segment'; words need verbose_json, as in OpenAI's API (the model must have the CTC
+    branch: Model.transcribe says so otherwise)."""
+    values = fields.get("timestamp_granularities[]", []) + fields.get("timestamp_granularities", [])
+    for value in values:
+        if value not in ("word", "segment"):
+            raise ApiError(400, f"timestamp_granularities must be 'word' or 'segment'; got {value!r}",
                            param="timestamp_granularities")
-        if value != "segment":
-            raise ApiError(400, f"timestamp_granularities must be 'segment'; got {value!r}",
-                           param="timestamp_granularities")
+    if "word" in values and response_format != "verbose_json":
+        raise ApiError(400, f"timestamp_granularities 'word' needs response_format verbose_json; got "
+                            f"{response_format!r}", param="timestamp_granularities")
+    return tuple(dict.fromkeys(values))
 
 
 def hotword_list(fields: dict) -> tuple[str, ...]:
@@ -93,16 +100,9 @@ def library_options(**options):
     try:
         return Options(**options)
     except OptionError as exc:
-        raise refused_field(options, exc) from None
+        raise refused_field(exc) from None
 
 
-def refused_field(options: dict, exc: OptionError) -> ApiError:
-    """OptionError does not say which option it refuses: the first one Options refuses alone is it."""
-    from nanoasr.api import Options
-
-    for name, value in options.items():
-        try:
-            Options(**{name: value})
-        except OptionError as alone:
-            return ApiError(400, str(alone), param=FORM_FIELDS[name])
-    return ApiError(400, str(exc))
+def refused_field(exc: OptionError) -> ApiError:
+    """A 400 whose `param` is the form field of the option the error names."""
+    return ApiError(400, str(exc), param=FORM_FIELDS.get(exc.field))

@@ -13,12 +13,15 @@ OPENAPI_REQUEST = {"requestBody": {"required": True, "content": {"multipart/form
     "properties": {
         "file": {"type": "string", "format": "binary", "description": "the audio file"},
         "model": {"type": "string", "description": "any name; the server has one model"},
-        "language": {"type": "string", "description": "zh, en, ja (codes, English or Chinese names) or auto"},
+        "language": {"type": "string",
+                     "description": "ISO code, English or Chinese name (zh, en, ja; MLT-Nano: 31) or auto"},
         "prompt": {"type": "string", "maxLength": MAX_CONTEXT_CHARS,  # the library's context
                    "description": "context text for the model"},
         "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS), "default": "json"},
         "temperature": {"type": "number", "default": 0, "description": "0 only (greedy decoding)"},
-        "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment"]}},
+        "timestamp_granularities[]": {
+            "type": "array", "items": {"type": "string", "enum": ["segment", "word"]},
+            "description": "word: with verbose_json, for a model with FunASR's CTC branch"},
         "stream": {"type": "boolean", "default": False},
         "hotwords": {"type": "string", "description": "words to favour, comma or newline separated"},
         "itn": {"type": "boolean", "default": True, "description": "inverse text normalisation"},

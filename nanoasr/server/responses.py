@@ -5,14 +5,14 @@ import asyncio
 import gzip
 import json
 
+from nanoasr.model.prompt import LANGUAGES
 from nanoasr.server.errors import ApiError, internal_error
 
 MEDIA_TYPES = {"text": "text/plain; charset=utf-8", "srt": "application/x-subrip; charset=utf-8",
                "vtt": "text/vtt; charset=utf-8"}
-ENGLISH_NAMES = {"zh": "chinese", "en": "english", "ja": "japanese"}
 
 
-def transcript_response(transcript, response_format: str):
+def transcript_response(transcript, response_format: str, granularities=()):
     from fastapi.responses import JSONResponse, PlainTextResponse
 
     from nanoasr import writers
@@ -20,21 +20,28 @@ def transcript_response(transcript, response_format: str):
     if response_format == "json":
         return JSONResponse({"text": transcript.text})
     if response_format == "verbose_json":
-        return JSONResponse(verbose_json(transcript))
+        return JSONResponse(verbose_json(transcript, granularities))
     body = transcript.text if response_format == "text" else writers.render(transcript, response_format)
     return PlainTextResponse(body, media_type=MEDIA_TYPES[response_format])
 
 
-def verbose_json(transcript) -> dict:
+def verbose_json(transcript, granularities=()) -> dict:
+    """OpenAI's TranscriptionVerbose: `segments` unless only 'word' was asked for; `words` with 'word'."""
     segments = [
         {"id": i, "seek": int(round(s.start * 100)), "start": s.start, "end": s.end, "text": s.text,
          "tokens": list(s.token_ids), "temperature": 0.0, "avg_logprob": s.avg_logprob,
          "compression_ratio": compression_ratio(s.text), "no_speech_prob": 0.0}
         for i, s in enumerate(x for x in transcript.segments if x.text)
     ]
-    return {"task": "transcribe", "language": ENGLISH_NAMES.get(transcript.language, "auto"),
-            "duration": transcript.duration_s, "text": transcript.text, "segments": segments,
-            "usage": {"type": "duration", "seconds": transcript.duration_s}}
+    language = LANGUAGES[transcript.language][1] if transcript.language else "auto"
+    out = {"task": "transcribe", "language": language, "duration": transcript.duration_s,
+           "text": transcript.text}
+    if granularities != ("word",):
+        out["segments"] = segments
+    if "word" in granularities:
+        out["words"] = [{"word": w.word, "start": w.start, "end": w.end}
+                        for s in transcript.segments for w in s.words or ()]
+    return dict(out, usage={"type": "duration", "seconds": transcript.duration_s})
 
 
 def compression_ratio(text: str) -> float:

@@ -14,11 +14,9 @@ import numpy as np
 from numba import cuda
 
 from nanoasr.kernels.cuda.kernels import MATVEC, MAX_X_ROWS, THREADS, WIDEN
+from nanoasr.storage import BLOCK_TYPES, STORED_NUMPY as STORED
 
 MAX_BLOCKS = 4096  # grid size limit: the kernels stride over the rest
-BLOCK_TYPES = {"q8_0": (32, 34), "q4_k": (256, 144), "q6_k": (256, 210)}  # values, bytes per block
-STORED = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "q8_0": np.uint8, "q4_k": np.uint8,
-          "q6_k": np.uint8}
 
 
 def matvec(x, w, dtype: str, shape: tuple[int, int], out, stream=0):
