@@ -135,6 +135,15 @@ def test_batch_usage_errors(tmp_path):
     assert code == 2 and err.startswith("nanoasr batch: error: ") and "klingon" in err
 
 
+def test_a_missing_input_is_an_error_line_without_starting_ray(tmp_path):
+    code, err = finish(nanoasr("batch", tmp_path / "gone.wav", "-o", tmp_path / "out"))
+    assert code == 1, err
+    assert err.splitlines()[0] == f"nanoasr batch: error: {tmp_path / 'gone.wav'}: no such readable file"
+    assert len(err.splitlines()) == 2 and "0 transcribed, 1 failed, 0 done before" in err  # nothing from Ray
+    (line,) = manifest_of(tmp_path / "out")
+    assert line["path"] == str(tmp_path / "gone.wav") and line["status"] == "error"
+
+
 def test_manifest_keeps_one_line_per_input_and_drops_a_cut_line(tmp_path):
     from nanoasr.cli.batch import Manifest
 
