@@ -99,6 +99,13 @@ def wait_for_lines(out: Path, count: int, process: subprocess.Popen) -> None:
         time.sleep(0.02)
 
 
+def title(process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:  # it ended since it was listed
+        return ""
+
+
 def same_except_timings(a: dict, b: dict) -> bool:
     return {k: v for k, v in a.items() if k != "timings"} == {k: v for k, v in b.items() if k != "timings"}
 
@@ -305,9 +312,9 @@ def test_batch_survives_a_killed_worker(cluster, many, tiny_dir, tmp_path):
     run = nanoasr("batch", many, "-o", out, "-f", "json", "--model", tiny_dir, "--workers", 2, *SLOW,
                   "--ray-address", cluster)
     wait_for_lines(out, 1, run)
-    actors = [p for p in psutil.Process().children(recursive=True)
-              if "MapBatches(Transcriber)" in " ".join(p.cmdline())]
-    assert len(actors) == 2, [p.cmdline() for p in actors]
+    actors = [p for p in psutil.Process().children(recursive=True)  # the other may not have started yet
+              if "MapBatches(Transcriber)" in title(p)]
+    assert actors, "no actor process found"
     actors[0].kill()
     assert len(manifest_of(out)) < 12, "the run ended before a worker was killed"
     code, err = finish(run)
