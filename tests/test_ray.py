@@ -278,6 +278,16 @@ def test_batch_writes_what_the_main_command_writes(cluster, clips, tiny_dir, tmp
         assert line["outputs"] == [f"{stem.as_posix()}.{fmt}" for fmt in ("txt", "json", "srt", "vtt", "tsv")]
 
 
+def test_a_model_that_does_not_load_fails_the_job_with_one_line(cluster, many, tmp_path):
+    missing = tmp_path / "no-such-model.gguf"
+    code, err = finish(nanoasr("batch", many / "m00.wav", "-o", tmp_path / "out", "--model", missing,
+                               "--workers", 1, "--ray-address", cluster, "-q"))
+    assert code == 1, err
+    (line,) = [line for line in err.splitlines() if line.startswith("nanoasr batch: error: ")]
+    assert line.startswith("nanoasr batch: error: the Ray job failed: ") and str(missing) in line, err
+    assert manifest_of(tmp_path / "out") == []
+
+
 def test_batch_resumes_a_stopped_run(cluster, many, tiny_dir, tmp_path):
     out = tmp_path / "out"
     command = ["batch", many, "-o", out, "-f", "json", "--model", tiny_dir, "--workers", 2, *SLOW,
