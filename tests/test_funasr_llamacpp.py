@@ -189,3 +189,16 @@ def test_a_folder_of_ggufs_holds_one_model_or_says_what_it_found(pair, original,
     with pytest.raises(ModelError, match=r"expected one model in the directory.* found 2 GGUF file\(s\) "
                                          r"\(model.gguf, other.gguf\)"):
         load_checkpoint(one)
+
+
+def test_each_gguf_header_is_parsed_once(pair, monkeypatch):
+    from nanoasr.formats import gguf_read
+
+    reads = []
+    real = gguf_read.read_header
+    monkeypatch.setattr(gguf_read, "read_header", lambda path: reads.append(path) or real(path))
+    load_checkpoint(pair)
+    assert sorted(p.name for p in reads) == sorted([DECODER_FILE, ENCODER_FILE])
+    reads.clear()
+    load_checkpoint(pair / ENCODER_FILE, llm=pair / DECODER_FILE)
+    assert sorted(p.name for p in reads) == sorted([DECODER_FILE, ENCODER_FILE])

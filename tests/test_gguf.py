@@ -335,9 +335,14 @@ def test_wrong_shape_and_missing_keys_name_what_is_wrong(written, tmp_path):
         load_gguf(missing)
 
 
-def test_a_file_from_before_use_low_frame_rate_existed_reads_it_as_true(written, tmp_path):
+def test_use_low_frame_rate_is_kept_and_reads_as_true_where_the_file_predates_it(checkpoint, tmp_path):
+    adaptor = dataclasses.replace(checkpoint.config.adaptor, use_low_frame_rate=False)
+    all_rows = dataclasses.replace(checkpoint, config=dataclasses.replace(checkpoint.config, adaptor=adaptor))
+    path = tmp_path / "all-rows.gguf"
+    convert.write(path, all_rows, "f32", report=False, progress=None)
+    assert load_gguf(path).config.adaptor.use_low_frame_rate is False
     key = b"fun_asr_nano.adaptor.use_low_frame_rate"
-    older = patched(written("f32")[0], key, key[:-1] + b"X", tmp_path)  # as if the key were not there
+    older = patched(path, key, key[:-1] + b"X", tmp_path)  # as if the key were not there
     assert load_gguf(older).config.adaptor.use_low_frame_rate is True
 
 

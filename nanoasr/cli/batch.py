@@ -22,7 +22,6 @@ from pathlib import Path
 
 from nanoasr.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, positive, transcribe
 from nanoasr.errors import OptionError
-from nanoasr.writers import FORMATS
 
 PROG = "nanoasr batch"
 MANIFEST = "manifest.jsonl"
@@ -61,14 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "without it, start a local Ray runtime on this machine's CPUs)")
     transcribe.add_transcription_options(parser)
     output = parser.add_argument_group("input and output")
-    output.add_argument("-f", "--output-format", default="txt", metavar="FORMAT",
-                        help=f"{', '.join(FORMATS)} or all; several separated by commas")
-    output.add_argument("--max-line-width", type=positive(int), default=None, metavar="N",
-                        help="with --word-timestamps: at most N characters a subtitle line (whole words)")
-    output.add_argument("--max-line-count", type=positive(int), default=None, metavar="N",
-                        help="with --max-line-width: at most N lines a subtitle cue")
-    output.add_argument("-r", "--recursive", action="store_true",
-                        help="directories: also the audio files in their subdirectories")
+    transcribe.add_format_options(output)
     output.add_argument("--max-duration", type=positive(float), default=None, metavar="SECONDS",
                         help="refuse inputs longer than this, each with its error (default: no limit)")
     output.add_argument("-v", "--verbose", action="store_true", help="a line for each input done")

@@ -100,21 +100,26 @@ def add_transcription_options(parser: argparse.ArgumentParser) -> None:
                                "ModelScope model.pt, and its greedy text as a second opinion")
 
 
-def _add_output_options(parser: argparse.ArgumentParser) -> None:
-    output = parser.add_argument_group("input and output")
+def add_format_options(output) -> None:
+    """The formats, subtitle lines and directory walk, as this command and `batch` both take them."""
     output.add_argument("-f", "--output-format", default="txt", metavar="FORMAT",
                         help=f"{', '.join(FORMATS)} or all; several separated by commas")
-    output.add_argument("-o", "--output-dir", default=None, metavar="DIR",
-                        help="write one file per input and format here, created if missing "
-                             "(default: none, print on stdout)")
     output.add_argument("--max-line-width", type=positive(int), default=None, metavar="N",
                         help="with --word-timestamps: at most N characters a subtitle line (whole words)")
     output.add_argument("--max-line-count", type=positive(int), default=None, metavar="N",
                         help="with --max-line-width: at most N lines a subtitle cue")
-    output.add_argument("--max-duration", type=positive(float), default=None, metavar="SECONDS",
-                        help="refuse inputs longer than this, with one error line each (default: no limit)")
     output.add_argument("-r", "--recursive", action="store_true",
                         help="directories: also the audio files in their subdirectories")
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    output = parser.add_argument_group("input and output")
+    add_format_options(output)
+    output.add_argument("-o", "--output-dir", default=None, metavar="DIR",
+                        help="write one file per input and format here, created if missing "
+                             "(default: none, print on stdout)")
+    output.add_argument("--max-duration", type=positive(float), default=None, metavar="SECONDS",
+                        help="refuse inputs longer than this, with one error line each (default: no limit)")
     output.add_argument("--skip-existing", action="store_true",
                         help="with -o: skip an input whose output files all exist already")
     output.add_argument("-v", "--verbose", action="store_true",

@@ -13,7 +13,7 @@ from nanoasr.backend import array_module, to_numpy
 from nanoasr.errors import ModelError
 from nanoasr.model.adaptor import transformer_block
 from nanoasr.model.ctc_vocab import CtcVocabulary
-from nanoasr.model.layouts import SUBLAYER_FUNASR, replace_all
+from nanoasr.model.layouts import funasr_transformer_name
 from nanoasr.ops import linear
 from nanoasr.tensor import StoredTensor
 
@@ -48,13 +48,7 @@ class CtcBranch:
 
 def logical_name(name: str) -> str:
     """FunASR's name -> ours: linear1/2 -> linear_1/2, blocks.i -> layers.i (the adaptor's sublayer names)."""
-    m = re.match(r"ctc_decoder\.linear([12])\.(.+)$", name)
-    if m:
-        return f"{P}linear_{m.group(1)}.{m.group(2)}"
-    m = re.match(r"ctc_decoder\.blocks\.(\d+)(\..+)$", name)
-    if m:
-        return f"{P}layers.{m.group(1)}" + replace_all(m.group(2), SUBLAYER_FUNASR)
-    return name
+    return funasr_transformer_name(name, P, P) or name
 
 
 def expected_tensors(cfg: CtcConfig) -> dict[str, tuple[int, ...]]:

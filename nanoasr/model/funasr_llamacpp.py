@@ -50,14 +50,8 @@ DECODER_KEYS = {
 }
 
 
-def architecture(path: Path) -> str | None:
-    """`general.architecture` of a GGUF file (its header only)."""
-    arch = gguf_read.read_header(path).values.get("general.architecture")
-    return arch if isinstance(arch, str) else None
-
-
-def _read(path: Path, arch: str, role: str) -> tuple[dict, dict[str, StoredTensor]]:
-    values, tensors = gguf_read.read(path)
+def _read(path: Path, arch: str, role: str, contents: dict) -> tuple[dict, dict[str, StoredTensor]]:
+    values, tensors = contents.get(path) or gguf_read.read(path)
     found = values.get("general.architecture")
     if found != arch:
         raise ModelError(f"{path}: expected the {role} of FunASR's llama.cpp runtime "
@@ -112,11 +106,13 @@ def _config(tensors: dict, encoder_values: dict, decoder_values: dict, where: tu
     return config
 
 
-def load_pair(encoder: Path, decoder: Path) -> Checkpoint:
-    """FunASR's llama.cpp encoder GGUF + the decoder's qwen3 GGUF -> one validated Checkpoint."""
-    where = (str(encoder), str(decoder))
-    encoder_values, encoder_raw = _read(encoder, ENCODER_ARCH, "encoder file")
-    decoder_values, decoder_raw = _read(decoder, DECODER_ARCH, "decoder file (a llama.cpp qwen3 GGUF)")
+def load_pair(encoder: Path, decoder: Path, contents: dict | None = None) -> Checkpoint:
+    """FunASR's llama.cpp encoder GGUF + the decoder's qwen3 GGUF -> one validated Checkpoint. `contents`:
+    path -> what gguf_read.read returned, for the files the caller has read already."""
+    where, contents = (str(encoder), str(decoder)), contents or {}
+    encoder_values, encoder_raw = _read(encoder, ENCODER_ARCH, "encoder file", contents)
+    decoder_values, decoder_raw = _read(decoder, DECODER_ARCH, "decoder file (a llama.cpp qwen3 GGUF)",
+                                        contents)
     tensors = {**_encoder_tensors(encoder_raw, where[0]), **_decoder_tensors(decoder_raw, where[1])}
     config = _config(tensors, encoder_values, decoder_values, where)
     template = decoder_values.get("tokenizer.chat_template")

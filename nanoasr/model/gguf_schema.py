@@ -94,11 +94,12 @@ def _third_party_config(values: dict, files: dict, tensors: dict, where: str) ->
     return config
 
 
-def load_gguf(path: str | Path) -> Checkpoint:
-    """A GGUF file -> validated Checkpoint; tensor data are views of one read-only memory map."""
+def load_gguf(path: str | Path, contents: tuple[dict, dict] | None = None) -> Checkpoint:
+    """A GGUF file -> validated Checkpoint; tensor data are views of one read-only memory map. `contents`:
+    what gguf_read.read(path) returned, when the caller has read it already."""
     path = Path(path)
     where = str(path)
-    values, tensors = gguf_read.read(path)
+    values, tensors = contents or gguf_read.read(path)
     arch = values.get(Keys.General.ARCHITECTURE)
     embedded = _embedded_files(values)
     if arch in crispasr.ARCHES:

@@ -15,7 +15,7 @@ from nanoasr.tensor import StoredTensor
 
 IGNORED = re.compile(r"^(ctc\.|ctc_decoder\.|.*rotary_emb\.inv_freq$)")  # no role in transcription
 
-SUBLAYER_FUNASR = [
+_SUBLAYER_FUNASR = [
     (".self_attn.linear_out.", ".self_attn.o_proj."), (".self_attn.fsmn_block.", ".self_attn.fsmn.conv."),
     (".self_attn.linear_q.", ".self_attn.q_proj."), (".self_attn.linear_k.", ".self_attn.k_proj."),
     (".self_attn.linear_v.", ".self_attn.v_proj."),
@@ -46,7 +46,7 @@ def qwen3_names(n_layers: int) -> dict[str, str]:
     return names
 
 
-def replace_all(name: str, pairs) -> str:
+def _replace_all(name: str, pairs) -> str:
     for old, new in pairs:
         name = name.replace(old, new)
     return name
@@ -67,18 +67,25 @@ def _map_funasr(name: str, config: Config) -> str:
     if m:
         group = {"encoders0": "first", "encoders": "main", "tp_encoders": "tp"}[m.group(1)]
         layer = _audio_layer(group, int(m.group(2)), config)
-        return f"model.audio_tower.layers.{layer}" + replace_all(m.group(3), SUBLAYER_FUNASR)
+        return f"model.audio_tower.layers.{layer}" + _replace_all(m.group(3), _SUBLAYER_FUNASR)
     m = re.match(r"audio_encoder\.(after_norm|tp_norm)\.(weight|bias)$", name)
     if m:
         layer = last_main if m.group(1) == "after_norm" else last
         return f"model.audio_tower.layers.{layer}.final_layernorm.{m.group(2)}"
-    m = re.match(r"audio_adaptor\.linear([12])\.(.+)$", name)
+    return funasr_transformer_name(name, "audio_adaptor.", "model.multi_modal_projector.") or name
+
+
+def funasr_transformer_name(name: str, source: str, target: str) -> str | None:
+    """A FunASR Transformer adaptor's name under `source` (linear1/2, blocks.i.<sublayer>) -> ours under
+    `target` (linear_1/2, layers.i.<sublayer>); None for any other name. The audio adaptor and the CTC
+    decoder are both such a Transformer."""
+    m = re.match(re.escape(source) + r"linear([12])\.(.+)$", name)
     if m:
-        return f"model.multi_modal_projector.linear_{m.group(1)}.{m.group(2)}"
-    m = re.match(r"audio_adaptor\.blocks\.(\d+)(\..+)$", name)
+        return f"{target}linear_{m.group(1)}.{m.group(2)}"
+    m = re.match(re.escape(source) + r"blocks\.(\d+)(\..+)$", name)
     if m:
-        return f"model.multi_modal_projector.layers.{m.group(1)}" + replace_all(m.group(2), SUBLAYER_FUNASR)
-    return name
+        return f"{target}layers.{m.group(1)}" + _replace_all(m.group(2), _SUBLAYER_FUNASR)
+    return None
 
 
 def _map_old_hf(name: str, config: Config) -> str:
@@ -89,14 +96,14 @@ def _map_old_hf(name: str, config: Config) -> str:
     if m and not (m.group(1) == "layers" and m.group(2) is None):
         group = {"stem": "first", "layers": "main", "timestamp_prediction_layers": "tp"}[m.group(1)]
         layer = _audio_layer(group, int(m.group(2) or 0), config)
-        tail = replace_all(m.group(3), _SUBLAYER_OLD_HF).replace(".fsmn.", ".self_attn.fsmn.")
+        tail = _replace_all(m.group(3), _SUBLAYER_OLD_HF).replace(".fsmn.", ".self_attn.fsmn.")
         return f"model.audio_tower.layers.{layer}" + tail.replace(".self_attn.self_attn.", ".self_attn.")
     m = re.match(r"model\.audio_tower\.(layer_norm|timestamp_prediction_layer_norm)\.(weight|bias)$", name)
     if m:
         layer = last_main if m.group(1) == "layer_norm" else last
         return f"model.audio_tower.layers.{layer}.final_layernorm.{m.group(2)}"
     if name.startswith("model.multi_modal_projector.layers."):
-        return replace_all(name, _SUBLAYER_OLD_HF)
+        return _replace_all(name, _SUBLAYER_OLD_HF)
     return name
 
 

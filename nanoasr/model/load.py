@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from nanoasr.errors import ModelError
-from nanoasr.formats import safetensors
+from nanoasr.formats import gguf_read, safetensors
 from nanoasr.model import config as config_mod
 from nanoasr.model.checkpoint import TEXT_FILES, Checkpoint, read_json, read_text, validate
 from nanoasr.model.config import Config
 from nanoasr.model.funasr import load_funasr
-from nanoasr.model.funasr_llamacpp import DECODER_ARCH, ENCODER_ARCH, architecture, load_pair
+from nanoasr.model.funasr_llamacpp import DECODER_ARCH, ENCODER_ARCH, load_pair
 from nanoasr.model.gguf_schema import load_gguf
 from nanoasr.model.layouts import to_logical
 
@@ -50,21 +50,27 @@ def _file_magic(path: Path) -> bytes:
         raise ModelError(f"{path}: cannot be read ({exc})") from None
 
 
-def _load_gguf(path: Path, llm: Path | None) -> Checkpoint:
-    """One GGUF, or FunASR's llama.cpp encoder file with its decoder file `llm`."""
-    arch = architecture(path)
+def _architecture(contents: tuple[dict, dict]) -> str | None:
+    arch = contents[0].get("general.architecture")
+    return arch if isinstance(arch, str) else None
+
+
+def _load_gguf(path: Path, llm: Path | None, contents: tuple[dict, dict] | None = None) -> Checkpoint:
+    """One GGUF, or FunASR's llama.cpp encoder file with its decoder file `llm`; the file is read once."""
+    contents = contents or gguf_read.read(path)
+    arch = _architecture(contents)
     if arch == ENCODER_ARCH:
         if llm is None:
             raise ModelError(f"{path}: the encoder file of FunASR's llama.cpp runtime; give its decoder file "
                              f"too (--llm QWEN3.gguf), or a directory that holds both")
-        return load_pair(path, Path(llm))
+        return load_pair(path, Path(llm), {path: contents})
     if llm is not None:
         raise ModelError(f"{path}: --llm is only for the encoder file of FunASR's llama.cpp runtime "
                          f"(general.architecture {ENCODER_ARCH!r}), found {arch!r}")
     if arch == DECODER_ARCH:
         raise ModelError(f"{path}: a llama.cpp qwen3 GGUF holds the decoder only; give FunASR's encoder GGUF "
                          f"as the model and this file as --llm, or a directory that holds both")
-    return load_gguf(path)
+    return load_gguf(path, contents)
 
 
 def _load_file(path: Path, llm: Path | None) -> Checkpoint:
@@ -84,14 +90,15 @@ def _load_file(path: Path, llm: Path | None) -> Checkpoint:
 def _gguf_folder(path: Path) -> Checkpoint:
     """A directory of GGUF files: FunASR's llama.cpp pair (encoder + qwen3 decoder), or a single GGUF."""
     files = sorted(path.glob("*.gguf"))
+    contents = {f: gguf_read.read(f) for f in files}  # headers parsed, tensors memory-mapped: read once
     by_arch: dict[str | None, list[Path]] = {}
     for f in files:
-        by_arch.setdefault(architecture(f), []).append(f)
+        by_arch.setdefault(_architecture(contents[f]), []).append(f)
     encoders, decoders = by_arch.get(ENCODER_ARCH, []), by_arch.get(DECODER_ARCH, [])
     if len(encoders) == 1 and len(decoders) == 1:
-        return load_pair(encoders[0], decoders[0])
+        return load_pair(encoders[0], decoders[0], contents)
     if len(files) == 1:
-        return _load_gguf(files[0], None)
+        return _load_gguf(files[0], None, contents[files[0]])
     raise ModelError(f"{path}: expected one model in the directory: a config.json checkpoint, model.pt, one "
                      f"GGUF, or FunASR's llama.cpp encoder + decoder GGUFs; found {len(files)} GGUF file(s) "
                      f"({', '.join(f.name for f in files)})")
