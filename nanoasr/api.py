@@ -150,9 +150,12 @@ class Model:
             source.setdefault("variant", resolved.package.variant)
         return cls(dataclasses.replace(checkpoint, source=source), device, threads, batch_size)
 
-    def require_ctc(self) -> None:
-        """OptionError naming the checkpoints that have FunASR's CTC branch, unless this model has it."""
-        if self.ctc is None:
+    def check_options(self, language: str | None = None, word_timestamps: bool = False) -> None:
+        """OptionError for what this model cannot do, before any audio is read: a language it was not trained
+        for (naming its languages), or word timestamps without FunASR's CTC branch (naming the checkpoints
+        that have it)."""
+        prompt.language_code(language, self.languages)
+        if word_timestamps and self.ctc is None:
             raise OptionError(f"word timestamps need FunASR's CTC branch (ctc_decoder.* and ctc.ctc_lo.*): "
                               f"{ctc.HOLDERS}; this model: {self.checkpoint.ctc_absent}", "word_timestamps")
 
@@ -250,9 +253,7 @@ class Model:
 
         start = time.perf_counter()
         timer = Timer()
-        prompt.language_code(options.language, self.languages)  # one the loaded model was trained for
-        if options.word_timestamps:
-            self.require_ctc()
+        self.check_options(options.language, options.word_timestamps)
         encodings = {} if options.word_timestamps else None
         # the prompt's text, tokenized once for every segment and held to its limit before any audio is read
         template = prompt.template(self.tokenizer, **options.prompt_options())

@@ -107,8 +107,8 @@ class Transcriber:
         from nanoasr.api import Model
 
         self.model = Model.load(load["model"], threads=load["threads"], llm=load["llm"])
-        if options.get("word_timestamps"):
-            self.model.require_ctc()  # once, in the actor's start, rather than as every file's error
+        # once, in the actor's start, rather than as every file's error
+        self.model.check_options(options.get("language"), options.get("word_timestamps", False))
         self.options = options
 
     def __call__(self, batch):  # pyarrow Table with path, bytes [B] -> Table of row_schema() [B]

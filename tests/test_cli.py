@@ -186,6 +186,9 @@ class FakeModel:
         self.loads.append(dict(model=model, device=device, threads=threads, llm=llm))
         return self
 
+    def check_options(self, language=None, word_timestamps=False):
+        """Accepts every language and word timestamps."""
+
     def transcribe(self, audio, **kwargs):
         from nanoasr.transcript import Segment, Transcript
 

@@ -427,6 +427,9 @@ class FakeModel:
     def load(self, model, device, threads, llm=None):
         return self
 
+    def check_options(self, language=None, word_timestamps=False):
+        """Accepts every language and word timestamps."""
+
     def transcribe(self, audio, **kwargs):
         from nanoasr.transcript import Transcript
 

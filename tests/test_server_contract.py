@@ -26,6 +26,9 @@ class StandInModel:
         self.delay = delay
         self.calls = 0
 
+    def check_options(self, language=None, word_timestamps=False):
+        """Accepts every language and word timestamps."""
+
     def transcribe(self, audio, on_segment=None, **kwargs):
         assert isinstance(audio, DecodedAudio)  # decoded once, by the server, and handed over as it is
         self.kwargs = kwargs
@@ -391,6 +394,9 @@ class FailingModel:
 
     def __init__(self, exc, segments_first=0):
         self.exc, self.segments_first = exc, segments_first
+
+    def check_options(self, language=None, word_timestamps=False):
+        """Accepts every language and word timestamps."""
 
     def transcribe(self, audio, on_segment=None, **kwargs):
         for i in range(self.segments_first):

@@ -234,6 +234,17 @@ def test_bad_fields_are_400(server, data, param):
     assert_envelope(post(server, data), 400, param)
 
 
+def test_what_the_model_cannot_do_is_400_before_the_upload_is_decoded(server, tiny_model):
+    assert "ko" not in tiny_model.languages  # Korean is one of Fun-ASR-MLT-Nano's, not Fun-ASR-Nano's
+    served = httpx.get(server + "/health").json()["served"]
+    error = assert_envelope(post(server, {"language": "Korean"}), 400, "language")
+    assert "not trained for it" in error["message"]
+    words = {"timestamp_granularities[]": "word", "response_format": "verbose_json"}
+    error = assert_envelope(post(server, words), 400, "timestamp_granularities")
+    assert "CTC branch" in error["message"]
+    assert httpx.get(server + "/health").json()["served"] == served  # neither reached the worker
+
+
 @pytest.mark.parametrize("stream", ["false", "true"])
 def test_prompt_over_the_token_limit_is_400_even_when_streaming(server, stream):
     # within the character limit, but each of these characters is several tokens: found only once the
@@ -270,6 +281,9 @@ class Gated:
 
     def __init__(self, model):
         self.model, self.entered, self.gate = model, threading.Event(), threading.Event()
+
+    def check_options(self, language=None, word_timestamps=False):
+        self.model.check_options(language, word_timestamps)
 
     def transcribe(self, audio, **kwargs):
         self.entered.set()

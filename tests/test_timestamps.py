@@ -313,10 +313,13 @@ class StandIn:
     def __init__(self, has_branch: bool):
         self.has_branch, self.kwargs = has_branch, None
 
+    def check_options(self, language=None, word_timestamps=False):
+        if word_timestamps and not self.has_branch:
+            raise OptionError("word timestamps need FunASR's CTC branch", "word_timestamps")
+
     def transcribe(self, audio, on_segment=None, **kwargs):
         self.kwargs = kwargs
-        if kwargs.get("word_timestamps") and not self.has_branch:
-            raise OptionError("word timestamps need FunASR's CTC branch", "word_timestamps")
+        self.check_options(kwargs.get("language"), kwargs.get("word_timestamps", False))
         return TIMED
 
 
@@ -343,6 +346,9 @@ def test_server_gives_words_with_the_word_granularity(clip):
         plain = post(base, ["segment"]).json()
         assert "words" not in plain and "word_timestamps" not in model.kwargs
         assert post(base, ["word"], "json").json()["error"]["param"] == "timestamp_granularities"
-    with running(create_app(StandIn(has_branch=False))) as base:
+    without = StandIn(has_branch=False)
+    with running(create_app(without)) as base:
         refused = post(base, ["word"])
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "timestamp_granularities"
+        assert without.kwargs is None  # refused before the upload was queued and decoded
+        assert httpx.get(base + "/health").json()["served"] == 0

@@ -344,8 +344,7 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
     start = time.perf_counter()
     try:
         model = Model.load(args.model, device=args.device, threads=args.threads, llm=args.llm)
-        if args.word_timestamps:
-            model.require_ctc()  # said once, not for every input
+        model.check_options(args.language, args.word_timestamps)  # said once, not for every input
     except NanoasrError as exc:
         progress.error(exc)
         return EXIT_FAILED

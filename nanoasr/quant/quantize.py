@@ -92,18 +92,20 @@ def fit_scale_min(x: np.ndarray, w: np.ndarray, nmax: int = 15, rmin: float = -1
                    out=levels)
         np.multiply(w, levels, out=wl)
         return (wl.sum(axis=1).astype(np.float64), np.einsum("ij,ij->i", wl, levels).astype(np.float64),
-                np.einsum("ij,ij->i", wl, x).astype(np.float64))
+                np.einsum("ij,ij->i", wl, x).astype(np.float64), levels.max(axis=1) > levels.min(axis=1))
 
     def error(s, m, sl, sl2, sxl):  # sum w (s l + m - x)^2, expanded
         return s * s * sl2 + 2 * s * m * sl - 2 * s * sxl + m * m * sum_w - 2 * m * sum_x + sum_x2
 
     iscale = np.float32(nmax) / span
     scale, mn = (np.float32(1) / iscale).astype(np.float64), lo.astype(np.float64)
-    best = error(scale, mn, *sums(iscale))
+    best = error(scale, mn, *sums(iscale)[:3])
     for step in range(nstep + 1):
-        sl, sl2, sxl = sums((np.float32(rmin) + np.float32(rdelta) * np.float32(step) + nmax) / span)
+        sl, sl2, sxl, varied = sums((np.float32(rmin) + np.float32(rdelta) * np.float32(step) + nmax) / span)
         det = sum_w * sl2 - sl * sl
-        ok = det > 0
+        # one level throughout makes det zero in exact arithmetic; its rounding residue would pick an
+        # arbitrary (scale, min) pair on the line scale * l + min = x, far too large for the 6-bit grid
+        ok = varied & (det > 0)
         det = np.where(ok, det, 1)
         s = (sum_w * sxl - sum_x * sl) / det
         m = (sl2 * sum_x - sl * sxl) / det

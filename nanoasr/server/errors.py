@@ -3,6 +3,9 @@ client retries 5xx)."""
 
 from nanoasr.errors import AudioError, AudioTooLongError, NanoasrError, OptionError
 
+FORM_FIELDS = {"language": "language", "context": "prompt", "hotwords": "hotwords", "itn": "itn",
+               "word_timestamps": "timestamp_granularities"}  # the form field of each library option
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param=None, code=None,
@@ -22,10 +25,14 @@ def api_error(exc: NanoasrError, message: str) -> ApiError:
                         code="audio_too_long")
     if isinstance(exc, AudioError):
         return ApiError(400, f"could not decode the uploaded audio: {message}", param="file")
-    if isinstance(exc, OptionError):  # the model refuses word timestamps when it has no CTC branch
-        param = "timestamp_granularities" if exc.field == "word_timestamps" else None
-        return ApiError(400, message, param=param)
+    if isinstance(exc, OptionError):
+        return refused_field(exc, message)
     return ApiError(500, message, "server_error")
+
+
+def refused_field(exc: OptionError, message: str | None = None) -> ApiError:
+    """A 400 whose `param` is the form field of the option the error names."""
+    return ApiError(400, str(exc) if message is None else message, param=FORM_FIELDS.get(exc.field))
 
 
 def internal_error(exc: BaseException) -> ApiError:

@@ -4,11 +4,10 @@ options (language, prompt, hotwords, itn); the fields only the server has are ch
 from dataclasses import dataclass
 
 from nanoasr.errors import OptionError
-from nanoasr.server.errors import ApiError
+from nanoasr.server.errors import ApiError, refused_field
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
-FORM_FIELDS = {"language": "language", "context": "prompt", "hotwords": "hotwords", "itn": "itn"}  # by option
 
 
 @dataclass(frozen=True)
@@ -101,8 +100,3 @@ def library_options(**options):
         return Options(**options)
     except OptionError as exc:
         raise refused_field(exc) from None
-
-
-def refused_field(exc: OptionError) -> ApiError:
-    """A 400 whose `param` is the form field of the option the error names."""
-    return ApiError(400, str(exc), param=FORM_FIELDS.get(exc.field))

@@ -8,8 +8,8 @@ import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from nanoasr.errors import NanoasrError
-from nanoasr.server.errors import ApiError, api_error
+from nanoasr.errors import NanoasrError, OptionError
+from nanoasr.server.errors import ApiError, api_error, refused_field
 from nanoasr.server.fields import RequestOptions, request_options
 from nanoasr.server.multipart import UploadForm, read_upload, upload_boundary
 from nanoasr.server.uploads import UploadDir
@@ -64,12 +64,21 @@ class Service:
                                      self.read_timeout_s)
             options = request_options(form.fields)
             form.require_file()
+            self.check_model_options(options)
             return form, options
         except BaseException:
             if form is not None:
                 form.discard()
             self.queue.leave()
             raise
+
+    def check_model_options(self, options: RequestOptions) -> None:
+        """What the loaded model refuses (a language, word timestamps): a 400 before the upload is queued."""
+        try:
+            asked = options.transcribe
+            self.model.check_options(asked["language"], asked.get("word_timestamps", False))
+        except OptionError as exc:
+            raise refused_field(exc) from None
 
     def start(self, form: UploadForm, options: RequestOptions, on_segment) -> asyncio.Future:
         """Queues the job; the future is its transcript."""
