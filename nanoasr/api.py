@@ -287,7 +287,8 @@ class Model:
                 prompts = self._segment_prompts(wave, spans, options, template, timer, encodings)
                 rows = self._decode_rows(spans, budgets, template.text_tokens, options.reference)
                 generate.generate(prompts, budgets, self.weights, self.config.text, self.tokenizer.stop_ids,
-                                  options.ignore_stop, rows=rows, timings=timer.ms, on_done=emit)
+                                  options.ignore_stop, rows=rows, timings=timer.ms, on_done=emit,
+                                  bf16_rope=options.reference == "funasr")
         timer.ms["total"] = (time.perf_counter() - start) * 1e3
         cut = [s.finish_reason for s in segments if s.truncated]
         if cut:

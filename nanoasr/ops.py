@@ -106,10 +106,21 @@ def swiglu_xp(gate, up):  # the array-module twin of the kernel
     return gate / (1 + xp.exp(-gate)) * up
 
 
-def rope_tables(positions, head_dim: int, theta: float):  # [n] -> cos, sin [n, head_dim]
+def rope_inv_freq(head_dim: int, theta: float, bf16: bool = False):  # -> [head_dim/2] float64
+    """Rotary frequencies theta^(-2i/head_dim). `bf16` rounds their float32 values to bfloat16 (to nearest,
+    ties to even) as FunASR leaves Qwen3's inv_freq buffer: its model.to(bfloat16) rounds it once and the
+    later float32 cast cannot restore it (the funasr profile, DESIGN §2)."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if not bf16:
+        return inv_freq
+    bits = inv_freq.astype(np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32).astype(np.float64)
+
+
+def rope_tables(positions, inv_freq):  # [n], [head_dim/2] -> cos, sin [n, head_dim]
     xp = array_module(positions)
-    inv_freq = 1.0 / (theta ** (xp.arange(0, head_dim, 2, dtype=xp.float64) / head_dim))
-    angles = positions.astype(xp.float64)[:, None] * inv_freq[None, :]  # [n, head_dim/2]
+    angles = positions.astype(xp.float64)[:, None] * xp.asarray(inv_freq)[None, :]  # [n, head_dim/2]
     angles = xp.concatenate([angles, angles], axis=-1)
     return xp.cos(angles).astype(xp.float32), xp.sin(angles).astype(xp.float32)
 

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from nanoasr.kernels import elementwise as kernels
-from nanoasr.ops import (add_bias_xp, apply_rope_xp, fsmn_xp, layer_norm_xp, rms_norm_xp, rope_tables,
-                         swiglu_xp)
+from nanoasr.ops import (add_bias_xp, apply_rope_xp, fsmn_xp, layer_norm_xp, rms_norm_xp, rope_inv_freq,
+                         rope_tables, swiglu_xp)
 
 
 @pytest.mark.parametrize("shape", [(1, 7, 512), (2, 33, 560), (3, 1024)])
@@ -95,7 +95,7 @@ def test_rope_equals_its_numpy_twin(batch, n, heads):
     rng = np.random.default_rng(n * heads)
     x = rng.standard_normal((batch, n, heads, 128)).astype(np.float32)
     positions = rng.integers(0, 4000, batch * n)
-    cos, sin = (t.reshape(batch, n, 128) for t in rope_tables(positions, 128, 1e6))
+    cos, sin = (t.reshape(batch, n, 128) for t in rope_tables(positions, rope_inv_freq(128, 1e6)))
     np.testing.assert_array_equal(kernels.apply_rope(x, cos, sin), apply_rope_xp(x, cos, sin))
     strided = x[..., ::-1]
     np.testing.assert_array_equal(kernels.apply_rope(strided, cos, sin), apply_rope_xp(strided, cos, sin))

@@ -22,8 +22,9 @@ def stage_outputs(model, wave, reference, prompt_options):
     return dict(features=feats[0], encoder=enc[0], adaptor=adapted[0], embeds=embeds, prompt_ids=ids)
 
 
-def teacher_forced_logits(model, embeds, forced_ids, steps):  # -> [steps, vocab]: prefill, then cached steps
-    session = decoder.Session(model.weights, model.config.text, rows=1)
+def teacher_forced_logits(model, embeds, forced_ids, steps, bf16_rope=False):
+    # -> [steps, vocab]: prefill, then cached steps
+    session = decoder.Session(model.weights, model.config.text, rows=1, bf16_rope=bf16_rope)
     out = [session.prefill(embeds, room=steps)[0]]
     for t in range(steps - 1):
         out.append(session.step([forced_ids[t]])[0])
@@ -39,12 +40,13 @@ def check_case(model, ref, reference, prompt_options):
     np.testing.assert_array_equal(ours["prompt_ids"], ref["prompt_ids"])
     cols = ref["logit_columns"]
     steps = len(ref["step_logits"])
-    logits = teacher_forced_logits(model, ours["embeds"], ref["greedy_ids"], steps)
+    bf16_rope = reference == "funasr"
+    logits = teacher_forced_logits(model, ours["embeds"], ref["greedy_ids"], steps, bf16_rope)
     np.testing.assert_allclose(logits[0, cols], ref["prefill_logits"], **LOGIT_TOL)
     np.testing.assert_allclose(logits[:, cols], ref["step_logits"], **LOGIT_TOL)
     np.testing.assert_allclose(logits[:, cols], ref["full_logits"], **LOGIT_TOL)
     gen = generate.generate([ours["embeds"]], [len(ref["greedy_ids"])], model.weights, model.config.text,
-                            model.tokenizer.stop_ids, ignore_stop=True)[0]
+                            model.tokenizer.stop_ids, ignore_stop=True, bf16_rope=bf16_rope)[0]
     np.testing.assert_array_equal(gen.ids, ref["greedy_ids"])
     return gen.ids
 

@@ -12,8 +12,8 @@ import numpy as np
 
 from nanoasr.backend import array_module
 from nanoasr.model.config import TextConfig
-from nanoasr.ops import (apply_rope, decode_attention, linear, mask_inplace, rms_norm, rope_tables,
-                         softmax_inplace, swiglu, take_rows)
+from nanoasr.ops import (apply_rope, decode_attention, linear, mask_inplace, rms_norm, rope_inv_freq,
+                         rope_tables, softmax_inplace, swiglu, take_rows)
 from nanoasr.tensor import StoredTensor
 
 P = "model.language_model."
@@ -145,14 +145,15 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
     return x + linear(gated, w[p + "mlp.down_proj.weight"])
 
 
-def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start):  # [B, n, H] -> last hidden [B, H]
-    """Run new positions through the decoder, filling the cache; returns the final-normed last position."""
+def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start, inv_freq):  # [B, n, H] -> [B, H]
+    """Run new positions through the decoder, filling the cache; returns the final-normed last position.
+    `inv_freq` [head_dim/2]: the rotary frequencies (ops.rope_inv_freq), on x's device."""
     xp = array_module(x)
     b, n, _ = x.shape
     start = np.asarray(start, dtype=np.int64)
     positions = start[:, None] + np.arange(n)[None, :]  # [B, n]
     on_device = xp.asarray(positions)  # the one copy of the positions to x's device
-    cos, sin = rope_tables(on_device.reshape(-1), cfg.head_dim, cfg.rope_theta)
+    cos, sin = rope_tables(on_device.reshape(-1), inv_freq)
     rope = (cos.reshape(b, n, -1), sin.reshape(b, n, -1))
     for i in range(cfg.num_hidden_layers):
         x = decoder_layer(x, w, i, cfg, cache, rows, start, rope, on_device)
@@ -167,10 +168,12 @@ def logits(hidden, w):  # [B, H] -> [B, vocab]: the tied LM head, in the embeddi
 class Session:
     """Cache rows decoded together. A prompt is prefilled into the next free row; a step advances every
     active row by one token. The active rows are the cache's first `active` rows: retiring a row moves the
-    last active row into its place."""
+    last active row into its place. `bf16_rope` rounds the rotary frequencies as FunASR does (the funasr
+    profile); without it they are exact, as in Transformers."""
 
-    def __init__(self, w, cfg: TextConfig, rows: int):
+    def __init__(self, w, cfg: TextConfig, rows: int, bf16_rope: bool = False):
         self.w, self.cfg, self.rows = w, cfg, rows
+        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, bf16_rope)  # moved to the cache's device
         self.cache: KVCache | None = None  # made by the first prefill, on the device of its embeddings
         self.active = 0
 
@@ -179,10 +182,12 @@ class Session:
         if self.active == self.rows:
             raise ValueError(f"all {self.rows} cache rows are in use; retire one before the next prefill")
         if self.cache is None:
-            self.cache = KVCache(self.cfg, self.rows, len(embeds) + room, array_module(embeds))
+            xp = array_module(embeds)
+            self.cache = KVCache(self.cfg, self.rows, len(embeds) + room, xp)
+            self.inv_freq = xp.asarray(self.inv_freq)
         self.cache.reserve(len(embeds) + room)
         row = slice(self.active, self.active + 1)
-        hidden = forward(embeds[None], self.w, self.cfg, self.cache, row, [0])
+        hidden = forward(embeds[None], self.w, self.cfg, self.cache, row, [0], self.inv_freq)
         self.active += 1
         return logits(hidden, self.w)
 
@@ -191,7 +196,8 @@ class Session:
             raise ValueError(f"a step takes one token per active row ({self.active}); got {len(ids)}")
         x = embed(ids, self.w)[:, None, :]  # [active, 1, H]
         rows = slice(0, self.active)
-        hidden = forward(x, self.w, self.cfg, self.cache, rows, self.cache.lengths[rows].copy())
+        start = self.cache.lengths[rows].copy()
+        hidden = forward(x, self.w, self.cfg, self.cache, rows, start, self.inv_freq)
         return logits(hidden, self.w)
 
     def retire(self, row: int) -> None:

@@ -119,7 +119,7 @@ def _timed(clock: dict, stage: str):  # adds the block's milliseconds to clock[s
 
 
 def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, rows=None, timings=None,
-             on_done=None):
+             on_done=None, bf16_rope=False):
     """embeds: prompt embeddings [L_b, H]; budgets: new tokens allowed each -> list[Generation], in order.
 
     At most `rows` prompts decode together (all of them when None); a row that finishes takes the next
@@ -127,10 +127,10 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
     iterable when `rows` is given: it is read only as rows free up. `timings`, when a dict, accumulates
     "prefill" and "decode" milliseconds; `on_done(index, generation)` is called as each prompt finishes.
     `ignore_stop` decodes exactly `budget` tokens, never choosing a stop token (reference comparisons,
-    benchmarks).
+    benchmarks). `bf16_rope`: the funasr profile's rotary frequencies (decoder.Session).
     """
     suppress = tuple(stop_ids) if ignore_stop else ()
-    session = decoder.Session(w, cfg, rows or len(embeds))
+    session = decoder.Session(w, cfg, rows or len(embeds), bf16_rope)
     prompts = enumerate(zip(embeds, budgets))
     live: list[_Row] = []  # live[r] is decoded in cache row r
     results: dict[int, Generation] = {}

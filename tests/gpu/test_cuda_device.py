@@ -53,9 +53,7 @@ def test_every_stage_matches_the_cpu(models, case):
         np.testing.assert_allclose(to_numpy(got[stage]), want[stage], **STAGE_TOL, err_msg=stage)
     logits = []
     for model, embeds in ((cpu, want["embeds"]), (gpu, got["embeds"])):
-        cache = decoder.KVCache(model.config.text, 1, len(embeds), model.backend.xp)
-        hidden = decoder.forward(embeds[None], model.weights, model.config.text, cache, slice(0, 1), [0])
-        logits.append(to_numpy(decoder.logits(hidden, model.weights)))
+        logits.append(to_numpy(decoder.Session(model.weights, model.config.text, rows=1).prefill(embeds)))
     np.testing.assert_allclose(logits[1], logits[0], **LOGIT_TOL)
 
 

@@ -75,6 +75,11 @@ def load_model(path, reference: str):
 
     model = FunAsrNanoForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
     if reference == "funasr":
+        # FunASR casts the LLM as funasr 1.4.16 does under the official llm_dtype bf16: to bfloat16 when it is
+        # built (funasr/models/fun_asr_nano/model.py, FunASRNano.__init__), back to float32 for fp32 inference
+        # (FunASRNano.inference). The round trip leaves the rotary inv_freq buffer rounded to bfloat16.
+        model.model.language_model.to(torch.bfloat16).to(torch.float32)
+        model.lm_head.to(torch.bfloat16).to(torch.float32)
         for module in model.model.multi_modal_projector.layers.modules():
             if isinstance(module, torch.nn.LayerNorm):
                 module.eps = 1e-12
