@@ -36,6 +36,31 @@ def stored_matmul_xp(rows, w: StoredTensor):  # [n, in] x dense stored W[out, in
     return rows @ widen_xp(w).T
 
 
+def quantize_rows_xp(x):  # float32 [n, 32k] -> int8 [n, k, 32], float32 scales [n, k]: per 32-column block
+    # d = amax/127 and x/d rounded to nearest (ties to even), as the int8-activation kernel quantizes
+    xp = array_module(x)
+    blocks = x.reshape(x.shape[0], -1, 32)
+    scales = xp.abs(blocks).max(axis=-1) / np.float32(127)
+    inverse = xp.where(scales > 0, np.float32(1) / xp.where(scales > 0, scales, np.float32(1)), np.float32(0))
+    return xp.rint(blocks * inverse[..., None]).astype(xp.int8), scales
+
+
+def int8_block_sums_xp(x, w: StoredTensor):  # x float32 [n, 32k] x Q8_0 W[out, 32k] -> int32 [n, out, k]
+    # (the integer dot products of each block), weight scales float32 [out, k], row scales float32 [n, k]
+    xp = array_module(x)
+    q, scales = quantize_rows_xp(x)
+    blocks = w.data.reshape(w.shape[0], -1, 34)
+    wq = blocks[..., 2:].view(xp.int8).astype(xp.int32)  # [out, k, 32]
+    dw = blocks[..., :2].copy().view(xp.float16)[..., 0].astype(xp.float32)
+    return xp.einsum("nkc,okc->nok", q.astype(xp.int32), wq), dw, scales
+
+
+def int8_matmul_xp(x, w: StoredTensor):  # the int8-activation product's twin: [n, 32k] -> float64 [n, out]
+    # sum over blocks of the block's int32 sum times float32(dw * dx), in float64
+    sums, dw, dx = int8_block_sums_xp(x, w)
+    return (sums * (dw[None] * dx[:, None])).sum(axis=-1, dtype=np.float64)
+
+
 def widen_xp(t: StoredTensor):  # a dense stored tensor -> float32 of its shape, on the device holding t.data
     xp = array_module(t.data)
     if t.dtype == "bf16":  # BF16 is the top half of a float32

@@ -1,0 +1,110 @@
+"""The int8-activation Q8_0 product (nanoasr/kernels/int8_dot.py) against its numpy twin in nanoasr.ops, on
+every path this CPU can run (AVX2 forced where VNNI is present too)."""
+import numpy as np
+import pytest
+
+from nanoasr import ops
+from nanoasr.kernels import cpu
+from nanoasr.kernels.int8_dot import PATHS, host_path
+from nanoasr.tensor import StoredTensor
+
+RUNNABLE = {"vnni": ["vnni", "avx2"], "avx2": ["avx2"], None: []}[host_path()]
+paths = pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.skipif(
+    p not in RUNNABLE, reason=f"this CPU cannot run the {p} path")) for p in PATHS])
+
+
+def q8_0(scales: np.ndarray, quants: np.ndarray) -> np.ndarray:
+    """Q8_0 rows [rows, k*34] from f16-representable scales [rows, k] and int8 quants [rows, k, 32]."""
+    blocks = np.zeros(quants.shape[:2] + (34,), np.uint8)
+    blocks[..., :2] = scales.astype(np.float16)[..., None].view(np.uint8)
+    blocks[..., 2:] = quants.astype(np.int8).view(np.uint8)
+    return blocks.reshape(len(quants), -1)
+
+
+def random_weights(rng, rows, cols):
+    scales = rng.uniform(1e-3, 1e-2, (rows, cols // 32))
+    return q8_0(scales, rng.integers(-128, 128, (rows, cols // 32, 32)))
+
+
+def product(x, data, rows, path):
+    return cpu.matvec_int8(x, data, rows, x.shape[1], np.full((len(x), rows), np.nan, np.float32), path)
+
+
+@paths
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 11])
+@pytest.mark.parametrize("rows, cols", [(37, 32 * 7), (33, 32 * 130)])  # odd block count; two passes
+def test_int8_product_matches_twin(path, n, rows, cols):
+    """Within float32 rounding of the twin's float64 sum of (int32 block sum) * float32(dw * dx)."""
+    rng = np.random.default_rng(n * cols + rows)
+    data = random_weights(rng, rows, cols)
+    x = rng.standard_normal((n, cols)).astype(np.float32) * rng.uniform(0.1, 10, (n, 1)).astype(np.float32)
+    w = StoredTensor(data, "q8_0", (rows, cols))
+    got = product(x, data, rows, path)
+    sums, dw, dx = ops.int8_block_sums_xp(x, w)
+    want = ops.int8_matmul_xp(x, w)
+    q, _ = ops.quantize_rows_xp(x)
+    wq = data.reshape(rows, -1, 34)[..., 2:].view(np.int8).astype(np.int64)
+    magnitude = np.einsum("nkc,okc->nok", np.abs(q.astype(np.int64)), np.abs(wq)) * (dw[None] * dx[:, None])
+    bound = (cols // 32 + 32) * 2.0 ** -24 * magnitude.sum(axis=-1)
+    assert np.all(np.abs(got - want) <= bound)
+    exact = cpu.matvec(x, data, "q8_0", rows, cols, np.empty((n, rows), np.float32))
+    assert not np.all(np.abs(exact - want) <= bound)  # the bound tells int8 activations from float ones
+
+
+@paths
+@pytest.mark.parametrize("n", [1, 4, 7, 8])
+def test_int8_block_sums_are_exact(path, n):
+    """Weight scale 1 and rows of integers reaching 127 in every block: scale 1, so the product is the exact
+    integer dot product (weights include -128, rows -127)."""
+    rng = np.random.default_rng(n)
+    rows, cols = 35, 32 * 9
+    wq = rng.integers(-128, 128, (rows, cols // 32, 32))
+    wq[:, :, 0] = -128
+    x = rng.integers(-127, 128, (n, cols))
+    x[:, ::32] = 127
+    x[:, 5::32] = -127
+    data = q8_0(np.ones((rows, cols // 32)), wq)
+    got = product(x.astype(np.float32), data, rows, path)
+    assert np.array_equal(got, (x.astype(np.int64) @ wq.reshape(rows, cols).T).astype(np.float32))
+
+
+def test_quantized_rows_round_to_the_block_scale():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    x[1, 32:64] = 0
+    q, scales = ops.quantize_rows_xp(x)
+    blocks = x.reshape(3, 3, 32)
+    assert np.array_equal(scales, np.abs(blocks).max(-1) / np.float32(127))
+    assert np.array_equal(np.abs(q).max(-1), np.where(scales > 0, 127, 0))
+    assert np.all(np.abs(blocks - q * scales[..., None]) <= scales[..., None] * 0.5001)
+
+
+def test_host_path_follows_the_cpu_features():
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features()
+    vnni = features.get("avx512vnni") and features.get("avx512bw")
+    assert host_path() == ("vnni" if vnni else "avx2" if features.get("avx2") else None)
+
+
+def test_int8_product_refuses_wrong_arguments():
+    with pytest.raises(ValueError, match="q8_0 data"):
+        cpu.matvec_int8(np.zeros((1, 64), np.float32), np.zeros((4, 64), np.uint8), 4, 64,
+                        np.zeros((1, 4), np.float32), "avx2")
+    with pytest.raises(ValueError, match="out must have"):
+        cpu.matvec_int8(np.zeros((2, 64), np.float32), np.zeros((4, 68), np.uint8), 4, 64,
+                        np.zeros((1, 4), np.float32), "avx2")
+
+
+@paths
+def test_int8_product_uses_the_integer_instructions(path):
+    """Compiled afresh: a driver loaded from numba's disk cache has no assembly text to show."""
+    from numba import njit
+
+    from nanoasr.kernels.int8_dot import MATVEC_INT8
+
+    fresh = njit(parallel=True)(MATVEC_INT8[path].py_func)
+    fresh(np.ones((1, 64), np.float32), np.zeros((4, 68), np.uint8), 2, np.empty((1, 4), np.float32))
+    asm = "".join(fresh.inspect_asm().values())
+    wanted = ["vpdpbusd"] if path == "vnni" else ["vpmaddubsw", "vpmaddwd"]
+    assert all(f"\t{op}\t" in asm for op in wanted)
