@@ -2,7 +2,7 @@
 
     python tools/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
                           [--llama-gguf qwen3.gguf] [--seconds 10] [--tokens 40] [--long-seconds 600]
-                          [--threads 2] [--device cpu|cuda] [--json out.json]
+                          [--threads 2] [--device cpu|cuda] [--activations exact|int8] [--json out.json]
                           [--report docs/reports/performance.md]
 
 Each configuration runs in its own process (so peak RSS is its own), with OPENBLAS_CORETYPE and
