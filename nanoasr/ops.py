@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from nanoasr.backend import array_module, kernels_for
+from nanoasr.quant.reference import f16_field, q4_k_scales
 from nanoasr.tensor import StoredTensor
 
 
@@ -45,20 +46,36 @@ def quantize_rows_xp(x):  # float32 [n, 32k] -> int8 [n, k, 32], float32 scales 
     return xp.rint(blocks * inverse[..., None]).astype(xp.int8), scales
 
 
-def int8_block_sums_xp(x, w: StoredTensor):  # x float32 [n, 32k] x Q8_0 W[out, 32k] -> int32 [n, out, k]
-    # (the integer dot products of each block), weight scales float32 [out, k], row scales float32 [n, k]
+def int8_weight_blocks_xp(w: StoredTensor):  # Q8_0 or Q4_K W[out, 32k] -> quants int32 [out, k, 32],
+    # scales float32 [out, k], mins float32 [out, k] (times a block's sum of x, subtracted; Q8_0: zeros)
+    xp = array_module(w.data)
+    if w.dtype == "q8_0":
+        blocks = w.data.reshape(w.shape[0], -1, 34)
+        dw = blocks[..., :2].copy().view(xp.float16)[..., 0].astype(xp.float32)
+        return blocks[..., 2:].view(xp.int8).astype(xp.int32), dw, xp.zeros_like(dw)
+    blocks = w.data.reshape(-1, 144)  # Q4_K: sub-blocks of 32, value = (d * sc_j) * q - dmin * m_j
+    sc, mn = q4_k_scales(blocks[:, 4:16])
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
+    quants = xp.concatenate([qs & 15, qs >> 4], axis=2).reshape(w.shape[0], -1, 32).astype(xp.int32)
+    scales = (f16_field(blocks, 0) * sc.astype(xp.float32)).reshape(w.shape[0], -1)
+    return quants, scales, (f16_field(blocks, 2) * mn.astype(xp.float32)).reshape(w.shape[0], -1)
+
+
+def int8_block_sums_xp(x, w: StoredTensor):  # x float32 [n, 32k] x W[out, 32k] (Q8_0 or Q4_K) ->
+    # int32 [n, out, k] (the integer dot products of each block of 32), int8_weight_blocks_xp's scales and
+    # mins, row scales float32 [n, k], rows' block sums float32 [n, k] (scale times the sum of the int8)
     xp = array_module(x)
-    q, scales = quantize_rows_xp(x)
-    blocks = w.data.reshape(w.shape[0], -1, 34)
-    wq = blocks[..., 2:].view(xp.int8).astype(xp.int32)  # [out, k, 32]
-    dw = blocks[..., :2].copy().view(xp.float16)[..., 0].astype(xp.float32)
-    return xp.einsum("nkc,okc->nok", q.astype(xp.int32), wq), dw, scales
+    q, dx = quantize_rows_xp(x)
+    wq, scales, mins = int8_weight_blocks_xp(w)
+    sums = xp.einsum("nkc,okc->nok", q.astype(xp.int32), wq)
+    return sums, scales, mins, dx, dx * q.astype(xp.int32).sum(axis=-1).astype(xp.float32)
 
 
 def int8_matmul_xp(x, w: StoredTensor):  # the int8-activation product's twin: [n, 32k] -> float64 [n, out]
-    # sum over blocks of the block's int32 sum times float32(dw * dx), in float64
-    sums, dw, dx = int8_block_sums_xp(x, w)
-    return (sums * (dw[None] * dx[:, None])).sum(axis=-1, dtype=np.float64)
+    # sum over blocks of the block's int32 sum times float32(scale * dx), less min * (row's block sum)
+    sums, scales, mins, dx, xs = int8_block_sums_xp(x, w)
+    scaled = sums * (scales[None] * dx[:, None]) - mins[None] * xs[:, None]
+    return scaled.sum(axis=-1, dtype=np.float64)
 
 
 def widen_xp(t: StoredTensor):  # a dense stored tensor -> float32 of its shape, on the device holding t.data

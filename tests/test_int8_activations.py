@@ -1,5 +1,5 @@
-"""The activations option: Model(activations="int8") sends the few-row products over Q8_0 weights to the
-integer kernel, "exact" never does, and the CLI commands take it."""
+"""The activations option: Model(activations="int8") sends the few-row products over Q8_0 and Q4_K weights to
+the integer kernels, "exact" never does, and the CLI commands take it."""
 import numpy as np
 import pytest
 
@@ -29,9 +29,9 @@ def forced_logits(model, steps=6):
 def counting_int8_calls(monkeypatch) -> list:
     calls, real = [], cpu.matvec_int8
 
-    def spy(x, data, rows, cols, out, path):
+    def spy(x, data, dtype, rows, cols, out, path):
         calls.append((len(x), path))
-        return real(x, data, rows, cols, out, path)
+        return real(x, data, dtype, rows, cols, out, path)
     monkeypatch.setattr(cpu_backend.cpu, "matvec_int8", spy)
     return calls
 
@@ -46,6 +46,19 @@ def test_int8_activations_reach_the_integer_kernel(tiny_q8_0, monkeypatch):
     int8_logits = forced_logits(int8)
     assert calls and {p for _, p in calls} == {cpu_backend.host_path()} and max(n for n, _ in calls) <= 8
     assert not np.array_equal(int8_logits, exact_logits)
+
+
+def test_int8_activations_mark_q8_0_and_q4_k_but_not_q6_k_or_dense():
+    from nanoasr.backend import CPU, with_activations
+    from nanoasr.tensor import StoredTensor
+
+    kinds = {"q8_0": (34, 32), "q4_k": (144, 256), "q6_k": (210, 256), "bf16": (2, 1)}
+    tensors = {k: StoredTensor(np.zeros((2, n), np.uint8 if k != "bf16" else np.uint16), k, (2, per))
+               for k, (n, per) in kinds.items()}
+    placed = with_activations(CPU, "int8").place(tensors, set())
+    assert {k: t.activations for k, t in placed.items()} == {
+        "q8_0": "int8", "q4_k": "int8", "q6_k": "exact", "bf16": "exact"}
+    assert {t.activations for t in CPU.place(tensors, set()).values()} == {"exact"}
 
 
 def test_without_an_integer_path_int8_falls_back_to_the_float_product(tiny_q8_0, monkeypatch):

@@ -1,7 +1,8 @@
-"""Drift and speed of int8 activations against exact (float32) ones on Q8_0 GGUFs.
+"""Drift and speed of int8 activations against exact (float32) ones on block-quantized GGUFs.
 
     python tools/activation_drift.py MODEL.gguf [MODEL.gguf ...] [--tiny] [--rounds 5] [--report PATH]
 
+Q8_0 and Q4_K matrices take int8 rows (Q6_K ones, in Q4_K_M files, keep float32 rows).
 For each model (--tiny adds the committed tiny checkpoint converted to Q8_0): on speech-like clips
 (tools/synth.py), the exact path's greedy ids are decoded; both paths are then forced along them (teacher
 forcing, so one early difference does not cascade) and compared step by step: top-1 agreement and the mean
@@ -102,7 +103,7 @@ def tiny_q8_0(work: Path) -> Path:
 
 def report(results: dict, times: dict, args, cpu: str, timed: str) -> str:
     """The markdown report."""
-    lines = ["# Int8 activations against exact ones (Q8_0 weights)", "",
+    lines = ["# Int8 activations against exact ones (Q8_0 and Q4_K weights)", "",
              f"Produced by `python tools/activation_drift.py {' '.join(sys.argv[1:])}` on {cpu}, "
              f"{args.threads} threads (a machine shared with other work: absolute times vary between runs, "
              "the ratio is within one run).", "",

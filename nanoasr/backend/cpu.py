@@ -76,8 +76,8 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
     x = np.ascontiguousarray(rows, dtype=np.float32)
     if len(x) <= FUSED_ROWS:
         out = np.empty((len(x), out_features), np.float32)
-        if w.activations == "int8" and w.dtype == "q8_0" and host_path() is not None:
-            return cpu.matvec_int8(x, w.data, out_features, in_features, out, host_path())
+        if w.activations == "int8" and host_path() is not None:
+            return cpu.matvec_int8(x, w.data, w.dtype, out_features, in_features, out, host_path())
         return cpu.matvec(x, w.data, w.dtype, out_features, in_features, out)
     if w.dtype == "f32":
         return x @ w.data.T
@@ -102,9 +102,9 @@ KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
 
 def place(tensors: dict, vectors: set[str], activations: str = "exact") -> dict:
     """Matrices stay in their stored type, float32 ones too, so that decoding streams them through the same
-    kernels; vectors are widened once. With int8 activations, Q8_0 matrices are marked for the integer
-    product (Q4_K and Q6_K keep float32 rows: they have no integer kernel yet)."""
+    kernels; vectors are widened once. With int8 activations, Q8_0 and Q4_K matrices are marked for the
+    integer product (Q6_K keeps float32 rows: it has no integer kernel yet)."""
     def matrix(t):
-        integer = activations == "int8" and t.dtype == "q8_0"
+        integer = activations == "int8" and t.dtype in cpu.MATVEC_INT8_KINDS
         return dataclasses.replace(t, activations="int8") if integer else t
     return {name: widen(t) if name in vectors else matrix(t) for name, t in tensors.items()}
