@@ -7,8 +7,8 @@ For each model (--tiny adds the committed tiny checkpoint converted to Q8_0): on
 (tools/synth.py), the exact path's greedy ids are decoded; both paths are then forced along them (teacher
 forcing, so one early difference does not cascade) and compared step by step: top-1 agreement and the mean
 KL(exact || int8) per token; each path's own greedy ids are compared as well. Speed: decode ms/token of the
-two paths on the last model, in interleaved rounds (exact, int8, exact, int8, ...) after one prefill each;
-medians with min and max.
+two paths on each model given (not the tiny one), in interleaved rounds (exact, int8, exact, int8, ...)
+after one prefill each; medians with min and max.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def tiny_q8_0(work: Path) -> Path:
     return path
 
 
-def report(results: dict, times: dict, args, cpu: str, timed: str) -> str:
+def report(results: dict, times: dict, args, cpu: str) -> str:
     """The markdown report."""
     lines = ["# Int8 activations against exact ones (Q8_0 and Q4_K weights)", "",
              f"Produced by `python tools/activation_drift.py {' '.join(sys.argv[1:])}` on {cpu}, "
@@ -117,12 +117,15 @@ def report(results: dict, times: dict, args, cpu: str, timed: str) -> str:
             lines.append(f"| {name} | {r['clip']} | {r['top1']:.4f} | {r['kl']:.2e} | {r['kl_max']:.2e} "
                          f"| {same} |")
     if times:
-        med = {k: float(np.median(v)) for k, v in times.items()}
-        lines += ["", f"Decode ms/token on {timed}, 10 s clip, {args.steps} steps a round, "
-                  f"{args.rounds} interleaved rounds (exact, int8, ...):", "",
-                  "| path | median | min | max |", "|---|---|---|---|"]
-        lines += [f"| {k} | {med[k]:.1f} | {min(v):.1f} | {max(v):.1f} |" for k, v in times.items()]
-        lines += ["", f"int8 / exact (medians): {med['int8'] / med['exact']:.3f}"]
+        lines += ["", f"Decode ms/token, 10 s clip, {args.steps} steps a round, {args.rounds} interleaved "
+                  "rounds (exact, int8, ...) per model:", "",
+                  "| model | path | median | min | max | int8 / exact (medians) |",
+                  "|---|---|---|---|---|---|"]
+        for name, paths in times.items():
+            med = {k: float(np.median(v)) for k, v in paths.items()}
+            ratio = {"exact": "", "int8": f"{med['int8'] / med['exact']:.3f}"}
+            lines += [f"| {name} | {k} | {med[k]:.1f} | {min(v):.1f} | {max(v):.1f} | {ratio[k]} |"
+                      for k, v in paths.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -149,9 +152,9 @@ def main() -> int:
             exact = Model.load(str(path), threads=args.threads)
             int8 = Model(exact.checkpoint, "cpu", args.threads, activations="int8")
             results[path.name] = [compare_clip(exact, int8, s, seed) for s, seed in CLIPS]
-            if path == paths[-1] and args.rounds:
-                times = speed(exact, int8, args.rounds, args.steps)
-    text = report(results, times, args, cpu, paths[-1].name)
+            if path in args.models and args.rounds:
+                times[path.name] = speed(exact, int8, args.rounds, args.steps)
+    text = report(results, times, args, cpu)
     print(text)
     if args.report:
         args.report.write_text(text)

@@ -66,11 +66,14 @@ def _quantized(x, nb):  # x float32 [n <= 8, >= 32*nb] -> q int8 [pairs, nx, 64]
             p, h = k // 2, 32 * (k % 2)
             d[p, r, k % 2] = scale
             total = 0
-            for i in range(32):
-                v = np.int32(np.rint(x[r, 32 * k + i] * inverse))
-                q[p, r, h + i] = v
-                bias[p, r, (h + i) // 4] -= 128 * v
-                total += v
+            for g in range(8):  # fours of columns: one int32 lane of the VNNI product each
+                four = 0
+                for i in range(4 * g, 4 * g + 4):
+                    v = np.int32(np.rint(x[r, 32 * k + i] * inverse))
+                    q[p, r, h + i] = v
+                    four += v
+                bias[p, r, h // 4 + g] = -128 * four
+                total += four
             sums[p, r, k % 2] = scale * np.float32(total)
     return q, d, bias, sums
 
