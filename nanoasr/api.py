@@ -119,8 +119,8 @@ class Model:
     def __init__(self, checkpoint: Checkpoint, device: str = "cpu", threads: int | None = None,
                  batch_size: int = BATCH_SIZE, activations: str = "exact"):
         """`batch_size`: segments of one call decoded together, at most (each in its own KV-cache row);
-        `activations`: "exact" (float32 rows) or "int8" (rows quantized per block against Q8_0 and Q4_K
-        weights while decoding, as ggml does; see nanoasr.backend.ACTIVATIONS)."""
+        `activations`: "exact" (float32 rows) or "int8" (rows quantized per block against Q8_0, Q4_K and
+        Q6_K weights while decoding, as ggml does; see nanoasr.backend.ACTIVATIONS)."""
         self.batch_size = _whole_number("batch_size", batch_size)
         if self.batch_size < 1:
             raise OptionError(f"batch_size must be at least 1; got {self.batch_size}", "batch_size")

@@ -1,5 +1,5 @@
-"""The activations option: Model(activations="int8") sends the few-row products over Q8_0 and Q4_K weights to
-the integer kernels, "exact" never does, and the CLI commands take it."""
+"""The activations option: Model(activations="int8") sends the few-row products over block-quantized weights
+(Q8_0, Q4_K, Q6_K) to the integer kernels, "exact" never does, and the CLI commands take it."""
 import numpy as np
 import pytest
 
@@ -48,7 +48,7 @@ def test_int8_activations_reach_the_integer_kernel(tiny_q8_0, monkeypatch):
     assert not np.array_equal(int8_logits, exact_logits)
 
 
-def test_int8_activations_mark_q8_0_and_q4_k_but_not_q6_k_or_dense():
+def test_int8_activations_mark_the_block_types_but_not_dense_ones():
     from nanoasr.backend import CPU, with_activations
     from nanoasr.tensor import StoredTensor
 
@@ -57,7 +57,7 @@ def test_int8_activations_mark_q8_0_and_q4_k_but_not_q6_k_or_dense():
                for k, (n, per) in kinds.items()}
     placed = with_activations(CPU, "int8").place(tensors, set())
     assert {k: t.activations for k, t in placed.items()} == {
-        "q8_0": "int8", "q4_k": "int8", "q6_k": "exact", "bf16": "exact"}
+        "q8_0": "int8", "q4_k": "int8", "q6_k": "int8", "bf16": "exact"}
     assert {t.activations for t in CPU.place(tensors, set()).values()} == {"exact"}
 
 

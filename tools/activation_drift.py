@@ -2,7 +2,7 @@
 
     python tools/activation_drift.py MODEL.gguf [MODEL.gguf ...] [--tiny] [--rounds 5] [--report PATH]
 
-Q8_0 and Q4_K matrices take int8 rows (Q6_K ones, in Q4_K_M files, keep float32 rows).
+Q8_0, Q4_K and Q6_K matrices take int8 rows.
 For each model (--tiny adds the committed tiny checkpoint converted to Q8_0): on speech-like clips
 (tools/synth.py), the exact path's greedy ids are decoded; both paths are then forced along them (teacher
 forcing, so one early difference does not cascade) and compared step by step: top-1 agreement and the mean
@@ -103,7 +103,7 @@ def tiny_q8_0(work: Path) -> Path:
 
 def report(results: dict, times: dict, args, cpu: str) -> str:
     """The markdown report."""
-    lines = ["# Int8 activations against exact ones (Q8_0 and Q4_K weights)", "",
+    lines = ["# Int8 activations against exact ones (block-quantized weights)", "",
              f"Produced by `python tools/activation_drift.py {' '.join(sys.argv[1:])}` on {cpu}, "
              f"{args.threads} threads (a machine shared with other work: absolute times vary between runs, "
              "the ratio is within one run).", "",

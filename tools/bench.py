@@ -368,7 +368,7 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where nanoasr runs")
     parser.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))
     parser.add_argument("--activations", default="exact", choices=("exact", "int8"),
-                        help="nanoasr's rows against Q8_0/Q4_K weights in decoding: float32 or int8 blocks")
+                        help="nanoasr's rows against block-quantized weights in decoding: float32 or int8")
     parser.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--report", default=None, help="write a markdown table here")

@@ -25,7 +25,7 @@ from nanoasr.errors import OptionError
 DEVICES = ("auto", "cpu", "cuda")
 # How a product treats the rows it multiplies into block-quantized weights: "exact" keeps them float32 (the
 # parity reference); "int8" quantizes them per 32-column block and sums int8 products in int32, as ggml does
-# (CPU, Q8_0 and Q4_K weights, where the CPU has AVX2 or AVX512-VNNI; elsewhere the float path).
+# (CPU, Q8_0/Q4_K/Q6_K weights, where the CPU has AVX2 or AVX512-VNNI; elsewhere the float path).
 ACTIVATIONS = ("exact", "int8")
 
 

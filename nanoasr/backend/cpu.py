@@ -102,8 +102,8 @@ KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
 
 def place(tensors: dict, vectors: set[str], activations: str = "exact") -> dict:
     """Matrices stay in their stored type, float32 ones too, so that decoding streams them through the same
-    kernels; vectors are widened once. With int8 activations, Q8_0 and Q4_K matrices are marked for the
-    integer product (Q6_K keeps float32 rows: it has no integer kernel yet)."""
+    kernels; vectors are widened once. With int8 activations, the block-quantized matrices (Q8_0, Q4_K,
+    Q6_K) are marked for the integer product."""
     def matrix(t):
         integer = activations == "int8" and t.dtype in cpu.MATVEC_INT8_KINDS
         return dataclasses.replace(t, activations="int8") if integer else t

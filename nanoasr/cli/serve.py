@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=positive(int), default=None, help="CPU threads")
     parser.add_argument("--activations", default="exact", choices=ACTIVATIONS,
                         help="exact: float32 rows in every product; int8: rows quantized per block against "
-                             "Q8_0/Q4_K weights while decoding, as llama.cpp does (AVX2 or AVX512-VNNI CPUs)")
+                             "Q8_0/Q4_K/Q6_K weights in decoding, as llama.cpp does (AVX2 or AVX512-VNNI)")
     return parser
 
 

@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="CPU threads for numba and BLAS (default: all cores)")
     model.add_argument("--activations", default="exact", choices=ACTIVATIONS,
                        help="exact: float32 rows in every product; int8: rows quantized per block against "
-                            "Q8_0/Q4_K weights while decoding, as llama.cpp does (AVX2 or AVX512-VNNI CPUs)")
+                            "Q8_0/Q4_K/Q6_K weights in decoding, as llama.cpp does (AVX2 or AVX512-VNNI)")
     add_transcription_options(parser)
     _add_output_options(parser)
     return parser

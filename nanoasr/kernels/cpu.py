@@ -59,10 +59,10 @@ def matvec(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, ou
 
 def matvec_int8(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, out: np.ndarray,
                 path: str) -> np.ndarray:
-    """out[B, rows] = x[B, cols] @ W.T for W stored as `data` in `dtype` (q8_0 or q4_k), x quantized per
+    """out[B, rows] = x[B, cols] @ W.T for W stored as `data` in `dtype` (q8_0, q4_k, q6_k), x quantized per
     32-column block to int8 (int8_dot.py; path "vnni" or "avx2", see int8_dot.host_path)."""
     if dtype not in MATVEC_INT8_KINDS:
-        raise ValueError(f"int8 activations need {' or '.join(MATVEC_INT8_KINDS)} weights; got {dtype!r}")
+        raise ValueError(f"int8 activations need q8_0, q4_k or q6_k weights; got {dtype!r}")
     data = _stored(data, dtype, rows, cols)
     _f32_rows(x, "x", cols)
     _f32_rows(out, "out", rows)

@@ -1,16 +1,17 @@
-"""Q8_0 and Q4_K weights times up to 8 rows of x quantized to int8: ggml's numerics for the block types.
+"""Q8_0, Q4_K and Q6_K weights times up to 8 rows of x quantized to int8: ggml's numerics for the block types.
 
 Each 32-column block of a row of x becomes 32 int8 with a float32 scale (d = amax/127, q = x/d rounded to
 nearest, ties to even); a 32-value weight block or sub-block meets it as an integer dot product, and the
 integer partial sums are scaled in float32: by dw*d for Q8_0 (f16 dw, 32 int8), by d*sc_j*dx for Q4_K's
 sub-block j (4-bit quants, 0..15), whose min is then subtracted as dmin*m_j times the block's sum of x
-(dx times the sum of its int8). Two paths, the instruction chosen when the product compiles: "vnni"
-(vpdpbusd: unsigned x signed bytes summed by fours into int32; Q8_0 weights are made unsigned by adding 128,
-and the accumulator starts at -128 times the sum of each four bytes of x, so no correction follows) and
-"avx2" (vpmaddubsw + vpmaddwd: |w| times x with w's sign, so that pairs of products cannot saturate int16;
-Q4_K's quants are unsigned already). One 512-bit step covers two 32-value blocks; its 16 int32 lanes (8 per
-block) are widened to float and accumulated with their block's scale, and reduced once per pass as in
-rows_dot.
+(dx times the sum of its int8); Q6_K's quants (q + 32, 0..63) meet x unsigned, each integer sum starting
+at -32 times its four x, and are scaled per 16 values. Two paths, the instruction chosen when the product
+compiles: "vnni" (vpdpbusd: unsigned x signed bytes summed by fours into int32; Q8_0 weights are made
+unsigned by adding 128, and the accumulator starts at -128 times the sum of each four bytes of x, so no
+correction follows) and "avx2" (vpmaddubsw + vpmaddwd: |w| times x with w's sign, so that pairs of products
+cannot saturate int16; Q4_K's and Q6_K's quants are unsigned already). One 512-bit step covers two 32-value
+blocks; its 16 int32 lanes (8 per block) are widened to float and accumulated with their block's scale, and
+reduced once per pass as in rows_dot.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, i64, la
                                        prefetch, unrolled_loop)
 
 PATHS = ("vnni", "avx2")
-KINDS = ("q8_0", "q4_k")
+KINDS = ("q8_0", "q4_k", "q6_k")
 I32X16 = ir.VectorType(I32, 16)
 
 
@@ -87,7 +88,7 @@ def int8_rows_dot(typingctx, kind, path, nx, data, q, d, bias, sums, nb, r0, r1,
                and isinstance(nx, types.IntegerLiteral))
     if not literal:
         return None
-    made = _Q4KInt8 if kind.literal_value == "q4_k" else _Int8RowsDot
+    made = {"q8_0": _Int8RowsDot, "q4_k": _Q4KInt8, "q6_k": _Q6KInt8}[kind.literal_value]
 
     def codegen(context, builder, sig, args):
         arrays = [context.make_array(sig.args[i])(context, builder, args[i]) for i in (3, 4, 5, 6, 7, 11)]
@@ -167,7 +168,8 @@ class _Int8RowsDot(_RowsDot):
 
 
 class _Q4KInt8(_Int8RowsDot):
-    """Q4_K rows: per block of 256, four steps of two sub-blocks (one run of bytes' low and high nibbles)."""
+    """Q4_K rows: per block of 256, four steps of two sub-blocks (one run of bytes' low and high nibbles).
+    The hooks scales, quants, sub_lanes and integer_sums are Q6_K's too (_Q6KInt8)."""
 
     def accumulate(self, ptrs, accs, k0, count, ahead):
         """accs = the rows at ptrs times x over `count` blocks from block k0."""
@@ -182,9 +184,9 @@ class _Q4KInt8(_Int8RowsDot):
                     prefetch(b, b.gep(blk, [b.add(ahead, i64(line))]))
             scales = [self.scales(blk) for blk in blks]
             for c in range(4):
-                pair = [2 * c] * 8 + [2 * c + 1] * 8
-                blocks = [(self.nibbles(blk, c), lanes(b, scf, pair), lanes(b, negmins, pair))
-                          for blk, (scf, negmins) in zip(blks, scales)]
+                sub = self.sub_lanes(c)
+                blocks = [(self.quants(blk, c), lanes(b, scf, sub), self.sub_mins(mins, sub))
+                          for blk, (scf, mins) in zip(blks, scales)]
                 self.products(blocks, accs, b.add(b.mul(block, i64(4)), i64(c)))
         unrolled_loop(b, count, 1, step)
 
@@ -196,7 +198,15 @@ class _Q4KInt8(_Int8RowsDot):
         mins = b.fmul(b.uitofp(mn, v8), lanes(b, dm, [1] * 8))
         return b.fmul(b.uitofp(sc, v8), lanes(b, dm, [0] * 8)), b.fsub(ir.Constant(v8, None), mins)
 
-    def nibbles(self, blk, c):
+    def sub_mins(self, mins, sub):
+        """Lanes sub of the negated mins (None for the types without mins)."""
+        return None if mins is None else lanes(self.b, mins, sub)
+
+    def sub_lanes(self, c):
+        """The sub-block of each of the 16 int32 lanes of step c (8 lanes, 32 values each)."""
+        return [2 * c] * 8 + [2 * c + 1] * 8
+
+    def quants(self, blk, c):
         """<64 x i8>: sub-block 2c (the low nibbles of bytes 16+32c..) then 2c+1 (their high nibbles)."""
         b = self.b
         v = load_vector(b, blk, 16 + 32 * c, I8, 32)
@@ -207,6 +217,39 @@ class _Q4KInt8(_Int8RowsDot):
         if self.path == "vnni":
             return vpdpbusd(self.b, ir.Constant(I32X16, None), wq, xv)
         return pmadd_halves(self.b, wq, xv)
+
+
+class _Q6KInt8(_Q4KInt8):
+    """Q6_K rows: quants stored as q + 32 (0..63) meet x as unsigned bytes, and each sum starts at -32 times
+    the sum of its four x (a quarter of the VNNI correction); a scale per 16 values (4 lanes), no mins."""
+
+    def scales(self, blk):
+        """(<16 x float> d * scale_i for the 16 sub-blocks i, None)."""
+        b = self.b
+        d = _f16x8(b, blk, 194)  # the 8 f16 ending the block: d is the last
+        return b.fmul(b.sitofp(load_vector(b, blk, 192, I8, 16), V16), lanes(b, d, [7] * 16)), None
+
+    def sub_lanes(self, c):
+        return [4 * c + lane // 4 for lane in range(16)]
+
+    def quants(self, blk, c):
+        """<64 x i8>: q + 32 of values 64c.. (half h = c // 2 of the block, its runs g = 2(c % 2), +1: low
+        nibbles from 32 bytes at 64h + 32(g % 2) shifted by 4(g // 2), high pairs from bytes 128 + 32h
+        shifted by 2g)."""
+        b, h = self.b, c >> 1
+        qh = load_vector(b, blk, 128 + 32 * h, I8, 32)
+        runs = []
+        for g in (2 * (c & 1), 2 * (c & 1) + 1):
+            ql = load_vector(b, blk, 64 * h + 32 * (g & 1), I8, 32)
+            low = b.and_(b.lshr(ql, bytes_of(4 * (g >> 1))), bytes_of(15))
+            runs.append(b.or_(low, b.shl(b.and_(b.lshr(qh, bytes_of(2 * g)), bytes_of(3)), bytes_of(4))))
+        return pick(b, *runs, list(range(64)))
+
+    def integer_sums(self, wq, xv, start):
+        offset = self.b.ashr(start(), ir.Constant(I32X16, [2] * 16))  # -32 times each four x
+        if self.path == "vnni":
+            return vpdpbusd(self.b, offset, wq, xv)
+        return self.b.add(pmadd_halves(self.b, wq, xv), offset)
 
 
 def vpdpbusd(builder, start, unsigned, signed):
