@@ -117,14 +117,16 @@ class Timer:
 
 class Model:
     def __init__(self, checkpoint: Checkpoint, device: str = "cpu", threads: int | None = None,
-                 batch_size: int = BATCH_SIZE):
-        """`batch_size`: segments of one call decoded together, at most (each in its own KV-cache row)."""
+                 batch_size: int = BATCH_SIZE, activations: str = "exact"):
+        """`batch_size`: segments of one call decoded together, at most (each in its own KV-cache row);
+        `activations`: "exact" (float32 rows) or "int8" (rows quantized per block against Q8_0, Q4_K and
+        Q6_K weights while decoding, as ggml does; see nanoasr.backend.ACTIVATIONS)."""
         self.batch_size = _whole_number("batch_size", batch_size)
         if self.batch_size < 1:
             raise OptionError(f"batch_size must be at least 1; got {self.batch_size}", "batch_size")
         self.checkpoint = checkpoint
         self.config = checkpoint.config
-        self.backend = backend_mod.resolve(device)
+        self.backend = backend_mod.with_activations(backend_mod.resolve(device), activations)
         self.threads = threads
         self.tokenizer = Tokenizer(checkpoint.files["tokenizer.json"], self.config.audio_token_id,
                                    checkpoint.source.get("path", "tokenizer.json"))
@@ -137,7 +139,7 @@ class Model:
 
     @classmethod
     def load(cls, model=None, device: str = "cpu", threads: int | None = None, batch_size: int = BATCH_SIZE,
-             llm=None, **resolve_options) -> "Model":
+             llm=None, activations: str = "exact", **resolve_options) -> "Model":
         """`model`: a checkpoint directory or .gguf path, a hub id `org/repo[@rev]`, or a package name;
         `llm`: the decoder GGUF when `model` is the encoder file of FunASR's llama.cpp runtime."""
         from nanoasr import hub
@@ -148,7 +150,7 @@ class Model:
         if resolved.package is not None:
             source.update(license=resolved.package.license, package=resolved.package.name)
             source.setdefault("variant", resolved.package.variant)
-        return cls(dataclasses.replace(checkpoint, source=source), device, threads, batch_size)
+        return cls(dataclasses.replace(checkpoint, source=source), device, threads, batch_size, activations)
 
     def check_options(self, language: str | None = None, word_timestamps: bool = False) -> None:
         """OptionError for what this model cannot do, before any audio is read: a language it was not trained

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from nanoasr.backend import array_module, kernels_for
+from nanoasr.quant.reference import f16_field, q4_k_scales
 from nanoasr.tensor import StoredTensor
 
 
@@ -34,6 +35,58 @@ def add_bias_xp(y, bias, relu):  # y [n, out] (a fresh product, overwritten) -> 
 
 def stored_matmul_xp(rows, w: StoredTensor):  # [n, in] x dense stored W[out, in] -> [n, out]
     return rows @ widen_xp(w).T
+
+
+def quantize_rows_xp(x):  # float32 [n, 32k] -> int8 [n, k, 32], float32 scales [n, k]: per 32-column block
+    # d = amax/127 and x/d rounded to nearest (ties to even), as the int8-activation kernel quantizes
+    xp = array_module(x)
+    blocks = x.reshape(x.shape[0], -1, 32)
+    scales = xp.abs(blocks).max(axis=-1) / np.float32(127)
+    inverse = xp.where(scales > 0, np.float32(1) / xp.where(scales > 0, scales, np.float32(1)), np.float32(0))
+    return xp.rint(blocks * inverse[..., None]).astype(xp.int8), scales
+
+
+def int8_weight_blocks_xp(w: StoredTensor):  # Q8_0, Q4_K or Q6_K W[out, 32k] -> quants int32
+    # [out, 2k, 16] and scales float32 [out, 2k] per 16 values, mins float32 [out, k] per 32 (times the
+    # block's sum of x, subtracted; zeros but for Q4_K)
+    xp, rows = array_module(w.data), w.shape[0]
+    if w.dtype == "q8_0":
+        blocks = w.data.reshape(rows, -1, 34)
+        dw = blocks[..., :2].copy().view(xp.float16)[..., 0].astype(xp.float32)
+        quants = blocks[..., 2:].view(xp.int8).astype(xp.int32).reshape(rows, -1, 16)
+        return quants, xp.repeat(dw, 2, axis=1), xp.zeros_like(dw)
+    if w.dtype == "q6_k":  # sub-blocks of 16, value = (d * scale_i) * (q - 32)
+        blocks = w.data.reshape(-1, 210)
+        ql, qh = blocks[:, :128].reshape(-1, 2, 1, 64), blocks[:, 128:192].reshape(-1, 2, 1, 32)
+        low = xp.concatenate([ql & 15, ql >> 4], axis=2).reshape(-1, 2, 128)
+        high = xp.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=2).reshape(-1, 2, 128)
+        quants = (low | (high << 4)).astype(xp.int32).reshape(rows, -1, 16) - 32
+        scales = f16_field(blocks, 208) * blocks[:, 192:208].view(xp.int8).astype(xp.float32)
+        return quants, scales.reshape(rows, -1), xp.zeros((rows, quants.shape[1] // 2), xp.float32)
+    blocks = w.data.reshape(-1, 144)  # Q4_K: sub-blocks of 32, value = (d * sc_j) * q - dmin * m_j
+    sc, mn = q4_k_scales(blocks[:, 4:16])
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
+    quants = xp.concatenate([qs & 15, qs >> 4], axis=2).reshape(rows, -1, 16).astype(xp.int32)
+    scales = (f16_field(blocks, 0) * sc.astype(xp.float32)).reshape(rows, -1)
+    mins = (f16_field(blocks, 2) * mn.astype(xp.float32)).reshape(rows, -1)
+    return quants, xp.repeat(scales, 2, axis=1), mins
+
+
+def int8_block_sums_xp(x, w: StoredTensor):  # x float32 [n, 32k] x W[out, 32k] (Q8_0, Q4_K or Q6_K) ->
+    # int32 [n, out, 2k] (the integer dot products of each 16 values), int8_weight_blocks_xp's scales and
+    # mins, row scales float32 [n, k], rows' block sums float32 [n, k] (scale times the sum of the int8)
+    xp = array_module(x)
+    q, dx = quantize_rows_xp(x)
+    wq, scales, mins = int8_weight_blocks_xp(w)
+    sums = xp.einsum("nkc,okc->nok", q.astype(xp.int32).reshape(len(x), -1, 16), wq)
+    return sums, scales, mins, dx, dx * q.astype(xp.int32).sum(axis=-1).astype(xp.float32)
+
+
+def int8_matmul_xp(x, w: StoredTensor):  # the int8-activation product's twin: [n, 32k] -> float64 [n, out]
+    # sum over 16 values of their int32 sum times float32(scale * dx), less min * (row's block sum)
+    sums, scales, mins, dx, xs = int8_block_sums_xp(x, w)
+    scaled = (sums * (scales[None] * array_module(x).repeat(dx, 2, axis=1)[:, None])).sum(axis=-1)
+    return scaled - (mins[None] * xs[:, None]).sum(axis=-1, dtype=np.float64)
 
 
 def widen_xp(t: StoredTensor):  # a dense stored tensor -> float32 of its shape, on the device holding t.data

@@ -2,7 +2,7 @@
 
     python tools/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
                           [--llama-gguf qwen3.gguf] [--seconds 10] [--tokens 40] [--long-seconds 600]
-                          [--threads 2] [--device cpu|cuda] [--json out.json]
+                          [--threads 2] [--device cpu|cuda] [--activations exact|int8] [--json out.json]
                           [--report docs/reports/performance.md]
 
 Each configuration runs in its own process (so peak RSS is its own), with OPENBLAS_CORETYPE and
@@ -55,7 +55,7 @@ def child_nanoasr(args) -> dict:
     from tools.synth import speech_like
 
     start = time.perf_counter()
-    model = Model.load(args.model, device=args.device, threads=args.threads)
+    model = Model.load(args.model, device=args.device, threads=args.threads, activations=args.activations)
     synchronize(model)
     out = {"load_s": time.perf_counter() - start}
     wave = speech_like(args.seconds, seed=1)
@@ -116,7 +116,8 @@ def long_audio(model, args) -> dict:
            "long_tokens": sum(len(s.token_ids) for s in result.segments)}
     if not args.long_sequential:
         return out
-    one_by_one = Model(model.checkpoint, model.backend.name, model.threads, batch_size=1)
+    one_by_one = Model(model.checkpoint, model.backend.name, model.threads, batch_size=1,
+                       activations=model.backend.activations)
     sequential = one_by_one.transcribe(wave, sample_rate=16000, reference=args.reference)
     return dict(out, long_sequential_rtf=sequential.timings["total"] / 1e3 / args.long_seconds,
                 long_batched_equals_sequential=[s.token_ids for s in result.segments] == [
@@ -235,7 +236,8 @@ def run_child(kind: str, model: str, args, **extra) -> dict:
     cmd = [python, __file__, "child", kind, "--model", model, "--seconds", str(args.seconds),
            "--tokens", str(args.tokens), "--threads", str(args.threads), "--reference", args.reference,
            "--long-seconds", str(args.long_seconds if model == (args.long_model or model) else 0),
-           "--device", args.device, "--long-sequential" if args.long_sequential else "--no-long-sequential"]
+           "--device", args.device, "--activations", args.activations,
+           "--long-sequential" if args.long_sequential else "--no-long-sequential"]
     for key, value in extra.items():
         cmd += [f"--{key}", str(value)]
     print(f"bench: {kind} {model} {extra or ''}", file=sys.stderr, flush=True)
@@ -365,6 +367,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where nanoasr runs")
     parser.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))
+    parser.add_argument("--activations", default="exact", choices=("exact", "int8"),
+                        help="nanoasr's rows against block-quantized weights in decoding: float32 or int8")
     parser.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--report", default=None, help="write a markdown table here")

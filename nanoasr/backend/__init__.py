@@ -7,6 +7,7 @@ imports neither numba kernels nor CuPy; this package holds the only CuPy imports
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -22,6 +23,10 @@ import numpy as np
 from nanoasr.errors import OptionError
 
 DEVICES = ("auto", "cpu", "cuda")
+# How a product treats the rows it multiplies into block-quantized weights: "exact" keeps them float32 (the
+# parity reference); "int8" quantizes them per 32-column block and sums int8 products in int32, as ggml does
+# (CPU, Q8_0/Q4_K/Q6_K weights, where the CPU has AVX2 or AVX512-VNNI; elsewhere the float path).
+ACTIVATIONS = ("exact", "int8")
 
 
 @dataclass(slots=True)
@@ -46,6 +51,7 @@ class Backend:
     name: str  # "cpu" | "cuda"
     xp: ModuleType  # numpy or cupy
     table_module: str  # the module defining KERNELS and place()
+    activations: str = "exact"  # one of ACTIVATIONS, carried by the weights place() returns
 
     @cached_property
     def _table(self) -> ModuleType:
@@ -57,8 +63,9 @@ class Backend:
 
     def place(self, tensors: dict, vectors: set[str]) -> dict:
         """The weights as this device computes with them: `vectors` (norms, biases, FSMN kernels) widened to
-        float32 once, matrices in their stored type where the kernels read it."""
-        return self._table.place(tensors, vectors)
+        float32 once, matrices in their stored type where the kernels read it (marked with the activations
+        their products use)."""
+        return self._table.place(tensors, vectors, self.activations)
 
 
 CPU = Backend("cpu", np, "nanoasr.backend.cpu")
@@ -128,6 +135,14 @@ def resolve(device: str = "auto") -> Backend:
         raise OptionError(f"device='cuda' is not available: {reason}")
     warnings.warn(f"nanoasr: no usable GPU ({reason}); running on the CPU", stacklevel=2)
     return CPU
+
+
+def with_activations(backend: Backend, activations: str) -> Backend:
+    """The backend whose placed weights multiply rows as `activations` says (one of ACTIVATIONS)."""
+    if activations not in ACTIVATIONS:
+        raise OptionError(f"activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}",
+                          "activations")
+    return dataclasses.replace(backend, activations=activations)
 
 
 def of(x) -> Backend:

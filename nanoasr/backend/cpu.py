@@ -2,6 +2,7 @@
 anything else goes to the op's array-module twin in nanoasr.ops, which numpy runs."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from nanoasr import ops
 from nanoasr.backend import Kernels
 from nanoasr.kernels import attention, cpu, elementwise, softmax
+from nanoasr.kernels.int8_dot import host_path
 from nanoasr.tensor import StoredTensor, take_rows, widen
 
 # Up to this many rows (batched decode, the last prefill position) stream the stored blocks once through
@@ -73,8 +75,10 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
     out_features, in_features = w.shape
     x = np.ascontiguousarray(rows, dtype=np.float32)
     if len(x) <= FUSED_ROWS:
-        return cpu.matvec(x, w.data, w.dtype, out_features, in_features,
-                          np.empty((len(x), out_features), np.float32))
+        out = np.empty((len(x), out_features), np.float32)
+        if w.activations == "int8" and host_path() is not None:
+            return cpu.matvec_int8(x, w.data, w.dtype, out_features, in_features, out, host_path())
+        return cpu.matvec(x, w.data, w.dtype, out_features, in_features, out)
     if w.dtype == "f32":
         return x @ w.data.T
     wide = cpu.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))
@@ -96,7 +100,11 @@ KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
                   stored_matmul=stored_matmul, take_rows=take_rows)
 
 
-def place(tensors: dict, vectors: set[str]) -> dict:
+def place(tensors: dict, vectors: set[str], activations: str = "exact") -> dict:
     """Matrices stay in their stored type, float32 ones too, so that decoding streams them through the same
-    kernels; vectors are widened once."""
-    return {name: widen(t) if name in vectors else t for name, t in tensors.items()}
+    kernels; vectors are widened once. With int8 activations, the block-quantized matrices (Q8_0, Q4_K,
+    Q6_K) are marked for the integer product."""
+    def matrix(t):
+        integer = activations == "int8" and t.dtype in cpu.MATVEC_INT8_KINDS
+        return dataclasses.replace(t, activations="int8") if integer else t
+    return {name: widen(t) if name in vectors else matrix(t) for name, t in tensors.items()}

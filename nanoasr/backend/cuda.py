@@ -66,8 +66,9 @@ KERNELS = Kernels(add_bias=ops.add_bias_xp, layer_norm=ops.layer_norm_xp, rms_no
                   mask_inplace=ops.mask_inplace_xp, stored_matmul=stored_matmul, take_rows=take_rows)
 
 
-def place(tensors: dict, vectors: set[str]) -> dict:
-    """Each tensor copied to the device once: vectors as float32, matrices in their stored type."""
+def place(tensors: dict, vectors: set[str], activations: str = "exact") -> dict:
+    """Each tensor copied to the device once: vectors as float32, matrices in their stored type (products
+    keep float32 rows here whatever `activations` says)."""
     return {name: cupy.asarray(widen(t)) if name in vectors
             else StoredTensor(cupy.ascontiguousarray(cupy.asarray(t.data)), t.dtype, t.shape)
             for name, t in tensors.items()}

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from nanoasr.backend import DEVICES
+from nanoasr.backend import ACTIVATIONS, DEVICES
 from nanoasr.cli import EXIT_FAILED, EXIT_OK, error, library_warnings, positive
 from nanoasr.errors import NanoasrError
 
@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: the system's temporary directory)")
     parser.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     parser.add_argument("--threads", type=positive(int), default=None, help="CPU threads")
+    parser.add_argument("--activations", default="exact", choices=ACTIVATIONS,
+                        help="exact: float32 rows in every product; int8: rows quantized per block against "
+                             "Q8_0/Q4_K/Q6_K weights in decoding, as llama.cpp does (AVX2 or AVX512-VNNI)")
     return parser
 
 
@@ -70,7 +73,8 @@ def _app(args):
     from nanoasr.server.app import create_app
 
     try:
-        model = Model.load(args.model, device=args.device, threads=args.threads, llm=args.llm)
+        model = Model.load(args.model, device=args.device, threads=args.threads, llm=args.llm,
+                           activations=args.activations)
     except NanoasrError as exc:
         error(PROG, exc)
         return None

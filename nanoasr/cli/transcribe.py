@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanoasr.audio.fbank import REFERENCES
-from nanoasr.backend import DEVICES
+from nanoasr.backend import ACTIVATIONS, DEVICES
 from nanoasr.cli import COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, positive
 from nanoasr.errors import NanoasrError, OptionError
 from nanoasr.writers import FORMATS
@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     model.add_argument("--threads", type=positive(int), default=None, metavar="N",
                        help="CPU threads for numba and BLAS (default: all cores)")
+    model.add_argument("--activations", default="exact", choices=ACTIVATIONS,
+                       help="exact: float32 rows in every product; int8: rows quantized per block against "
+                            "Q8_0/Q4_K/Q6_K weights in decoding, as llama.cpp does (AVX2 or AVX512-VNNI)")
     add_transcription_options(parser)
     _add_output_options(parser)
     return parser
@@ -343,7 +346,8 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
         return EXIT_FAILED if failed else EXIT_OK
     start = time.perf_counter()
     try:
-        model = Model.load(args.model, device=args.device, threads=args.threads, llm=args.llm)
+        model = Model.load(args.model, device=args.device, threads=args.threads, llm=args.llm,
+                           activations=args.activations)
         model.check_options(args.language, args.word_timestamps)  # said once, not for every input
     except NanoasrError as exc:
         progress.error(exc)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from nanoasr.kernels.blocks import BLOCKS
+from nanoasr.kernels.int8_dot import KINDS as MATVEC_INT8_KINDS
+from nanoasr.kernels.int8_dot import MATVEC_INT8
 from nanoasr.kernels.matvec import MATVEC
 from nanoasr.kernels.widen import WIDEN
 from nanoasr.storage import STORED_NUMPY
@@ -52,6 +54,22 @@ def matvec(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, ou
         raise ValueError(f"out must have {x.shape[0]} rows like x; got {out.shape[0]}")
     for b in range(0, x.shape[0], 8):
         _product(x[b:b + 8], data, dtype, out[b:b + 8])
+    return out
+
+
+def matvec_int8(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, out: np.ndarray,
+                path: str) -> np.ndarray:
+    """out[B, rows] = x[B, cols] @ W.T for W stored as `data` in `dtype` (q8_0, q4_k, q6_k), x quantized per
+    32-column block to int8 (int8_dot.py; path "vnni" or "avx2", see int8_dot.host_path)."""
+    if dtype not in MATVEC_INT8_KINDS:
+        raise ValueError(f"int8 activations need q8_0, q4_k or q6_k weights; got {dtype!r}")
+    data = _stored(data, dtype, rows, cols)
+    _f32_rows(x, "x", cols)
+    _f32_rows(out, "out", rows)
+    if out.shape[0] != x.shape[0]:
+        raise ValueError(f"out must have {x.shape[0]} rows like x; got {out.shape[0]}")
+    for b in range(0, x.shape[0], 8):
+        MATVEC_INT8[dtype, path](x[b:b + 8], data, cols // BLOCKS[dtype].size, out[b:b + 8])
     return out
 
 

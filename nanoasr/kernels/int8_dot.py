@@ -1,0 +1,296 @@
+"""Q8_0, Q4_K and Q6_K weights times up to 8 rows of x quantized to int8: ggml's numerics for the block types.
+
+Each 32-column block of a row of x becomes 32 int8 with a float32 scale (d = amax/127, q = x/d rounded to
+nearest, ties to even); a 32-value weight block or sub-block meets it as an integer dot product, and the
+integer partial sums are scaled in float32: by dw*d for Q8_0 (f16 dw, 32 int8), by d*sc_j*dx for Q4_K's
+sub-block j (4-bit quants, 0..15), whose min is then subtracted as dmin*m_j times the block's sum of x
+(dx times the sum of its int8); Q6_K's quants (q + 32, 0..63) meet x unsigned, each integer sum starting
+at -32 times its four x, and are scaled per 16 values. Two paths, the instruction chosen when the product
+compiles: "vnni" (vpdpbusd: unsigned x signed bytes summed by fours into int32; Q8_0 weights are made
+unsigned by adding 128, and the accumulator starts at -128 times the sum of each four bytes of x, so no
+correction follows) and "avx2" (vpmaddubsw + vpmaddwd: |w| times x with w's sign, so that pairs of products
+cannot saturate int16; Q4_K's and Q6_K's quants are unsigned already). One 512-bit step covers two 32-value
+blocks; its 16 int32 lanes (8 per block) are widened to float and accumulated with their block's scale, and
+reduced once per pass as in rows_dot.
+"""
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from nanoasr.kernels.blocks import BLOCKS
+from nanoasr.kernels.quant_blocks import _f16x8, _scales_mins
+from nanoasr.kernels.rows_dot import ROWS, _RowsDot
+from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, i64, lanes, load_vector, mac, pick,
+                                       prefetch, unrolled_loop)
+
+PATHS = ("vnni", "avx2")
+KINDS = ("q8_0", "q4_k", "q6_k")
+I32X16 = ir.VectorType(I32, 16)
+
+
+@cache
+def host_path() -> str | None:
+    """The integer path this CPU runs: "vnni" with AVX512-VNNI and AVX512-BW, "avx2" with AVX2, else None."""
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features()
+    if features.get("avx512vnni") and features.get("avx512bw"):
+        return "vnni"
+    return "avx2" if features.get("avx2") else None
+
+
+@njit(cache=True)
+def _quantized(x, nb):  # x float32 [n <= 8, >= 32*nb] -> q int8 [pairs, nx, 64], d f32 [pairs, nx, 2],
+    # bias int32 [pairs, nx, 16], sums f32 [pairs, nx, 2] (pairs = ceil(nb/2): blocks 2p and 2p+1 of row r
+    # side by side; bias: -128 times each four q; sums: d times the sum of a block's q)
+    nx = 1 if x.shape[0] == 1 else 4 if x.shape[0] <= 4 else 8
+    pairs = (nb + 1) // 2
+    buf = np.zeros(pairs * nx * 64 + 64, np.int8)
+    start = (64 - buf.ctypes.data % 64) % 64  # one pair of blocks per cache line
+    q = buf[start:start + pairs * nx * 64].reshape(pairs, nx, 64)
+    d = np.zeros((pairs, nx, 2), np.float32)
+    bias = np.zeros((pairs, nx, 16), np.int32)
+    sums = np.zeros((pairs, nx, 2), np.float32)
+    for r in range(x.shape[0]):
+        for k in range(nb):
+            amax = np.float32(0)
+            for i in range(32):
+                amax = max(amax, abs(x[r, 32 * k + i]))
+            scale = amax / np.float32(127)
+            inverse = np.float32(1) / scale if scale > 0 else np.float32(0)
+            p, h = k // 2, 32 * (k % 2)
+            d[p, r, k % 2] = scale
+            total = 0
+            for g in range(8):  # fours of columns: one int32 lane of the VNNI product each
+                four = 0
+                for i in range(4 * g, 4 * g + 4):
+                    v = np.int32(np.rint(x[r, 32 * k + i] * inverse))
+                    q[p, r, h + i] = v
+                    four += v
+                bias[p, r, h // 4 + g] = -128 * four
+                total += four
+            sums[p, r, k % 2] = scale * np.float32(total)
+    return q, d, bias, sums
+
+
+@intrinsic(prefer_literal=True)
+def int8_rows_dot(typingctx, kind, path, nx, data, q, d, bias, sums, nb, r0, r1, out):
+    """out[:, r0:r1] = x @ W[r0:r1].T over the first nb blocks (of `kind`, in KINDS) of each row of data,
+    r1 - r0 <= ROWS, for x quantized as _quantized gives it (q, d, bias, sums); kind, path ("vnni" | "avx2")
+    and nx are compile-time constants."""
+    literal = (isinstance(kind, types.StringLiteral) and isinstance(path, types.StringLiteral)
+               and isinstance(nx, types.IntegerLiteral))
+    if not literal:
+        return None
+    made = {"q8_0": _Int8RowsDot, "q4_k": _Q4KInt8, "q6_k": _Q6KInt8}[kind.literal_value]
+
+    def codegen(context, builder, sig, args):
+        arrays = [context.make_array(sig.args[i])(context, builder, args[i]) for i in (3, 4, 5, 6, 7, 11)]
+        made(builder, kind.literal_value, path.literal_value, nx.literal_value, *arrays).emit(*args[8:11])
+        return context.get_dummy_value()
+    return types.none(kind, path, nx, data, q, d, bias, sums, nb, r0, r1, out), codegen
+
+
+class _Int8RowsDot(_RowsDot):
+    """rows_dot's passes and reductions over Q8_0 rows, each step two blocks of int8 products."""
+
+    def __init__(self, builder, kind, path, nx, data, q, d, bias, sums, out):
+        super().__init__(builder, BLOCKS[kind], nx, data, q, d, out)
+        self.path, self.bias, self.xsums = path, bias, sums
+
+    def accumulate(self, ptrs, accs, k0, count, ahead):
+        """accs = the rows at ptrs times x over `count` blocks from block k0 (even), two blocks a step (the
+        second repeats the first past an odd count: its x is zeros with scale 0)."""
+        b = self.b
+        self.zero_accs(accs)
+
+        def step(pair):
+            first = b.mul(pair, i64(2))
+            second = b.select(b.icmp_unsigned("<", b.add(first, i64(1)), count), b.add(first, i64(1)), first)
+            at = b.add(b.udiv(k0, i64(2)), pair)
+            blocks = []
+            for w in ptrs:
+                blks = [b.gep(w, [b.mul(b.add(k0, k), i64(34))]) for k in (first, second)]
+                for line in (0, 64):  # 68 bytes a step: the lines of the same step two row pairs on
+                    prefetch(b, b.gep(blks[0], [b.add(ahead, i64(line))]))
+                blocks.append(self.load_blocks(blks))
+            self.products(blocks, accs, at)
+        unrolled_loop(b, b.udiv(b.add(count, i64(1)), i64(2)), 2, step)
+
+    def zero_accs(self, accs):
+        for a in sum(accs, []):
+            self.b.store(ir.Constant(a.type.pointee, None), a)
+
+    def load_blocks(self, blks):
+        """(<64 x i8> quants, <16 x float> scales, None) of two Q8_0 blocks, each scale over its block's 8
+        lanes (None: no mins)."""
+        b = self.b
+        quants = pick(b, *(load_vector(b, k, 2, I8, 32) for k in blks), list(range(64)))
+        scales = pick(b, *(_f16x8(b, k, 0) for k in blks), [0] * 8 + [8] * 8)
+        return quants, scales, None
+
+    def products(self, blocks, accs, at):
+        """accs[j][r] += the int8 products of weight blocks j with row r of x, scaled (block pair `at`)."""
+        b, nx = self.b, self.nx
+        xq, xd, xb, xs = (b.gep(a.data, [b.mul(at, i64(n * nx))])
+                          for a, n in ((self.packed, 64), (self.sums, 2), (self.bias, 16), (self.xsums, 2)))
+        for r in range(nx):
+            xv = load_vector(b, xq, 64 * r, I8, 64)
+            dx = lanes(b, load_vector(b, xd, 2 * r, F32, 2), [0] * 8 + [1] * 8)
+            for j, (wq, dw, negmins) in enumerate(blocks):
+                sums = self.integer_sums(wq, xv, lambda: load_vector(b, xb, 16 * r, I32, 16))
+                mac(b, accs[j][r], b.sitofp(sums, V16), b.fmul(dw, dx))
+                if negmins is not None:  # lanes 0 and 8: each block's sum of x once
+                    xsum = load_vector(b, xs, 2 * r, F32, 2)
+                    mac(b, accs[j][r], negmins, pick(b, xsum, ir.Constant(xsum.type, None),
+                                                     [0] + [2] * 7 + [1] + [2] * 7))
+
+    def integer_sums(self, wq, xv, start):
+        """<16 x i32>: the sums of each four w * x (start() gives the VNNI path's x correction)."""
+        return self.vnni(wq, xv, start()) if self.path == "vnni" else self.avx2(wq, xv)
+
+    def vnni(self, wq, xv, start):
+        """<16 x i32>: start + the sums of each four (w + 128) * x, which is the sums of w * x."""
+        return vpdpbusd(self.b, start, self.b.xor(wq, bytes_of(-128, 64)), xv)
+
+    def avx2(self, wq, xv):
+        """<16 x i32>: the sums of each four w * x, as |w| * (x with w's sign)."""
+        b = self.b
+        negative = b.icmp_signed("<", wq, bytes_of(0, 64))
+        magnitude = b.select(negative, b.neg(wq), wq)  # -128 stays 0x80: 128 unsigned
+        return pmadd_halves(b, magnitude, b.select(negative, b.neg(xv), xv))
+
+
+class _Q4KInt8(_Int8RowsDot):
+    """Q4_K rows: per block of 256, four steps of two sub-blocks (one run of bytes' low and high nibbles).
+    The hooks scales, quants, sub_lanes and integer_sums are Q6_K's too (_Q6KInt8)."""
+
+    def accumulate(self, ptrs, accs, k0, count, ahead):
+        """accs = the rows at ptrs times x over `count` blocks from block k0."""
+        b = self.b
+        self.zero_accs(accs)
+
+        def step(index):
+            block = b.add(k0, index)
+            blks = [b.gep(w, [b.mul(block, i64(self.block.nbytes))]) for w in ptrs]
+            for blk in blks:  # the same block two row pairs on
+                for line in range(0, self.block.nbytes, 64):
+                    prefetch(b, b.gep(blk, [b.add(ahead, i64(line))]))
+            scales = [self.scales(blk) for blk in blks]
+            for c in range(4):
+                sub = self.sub_lanes(c)
+                blocks = [(self.quants(blk, c), lanes(b, scf, sub), self.sub_mins(mins, sub))
+                          for blk, (scf, mins) in zip(blks, scales)]
+                self.products(blocks, accs, b.add(b.mul(block, i64(4)), i64(c)))
+        unrolled_loop(b, count, 1, step)
+
+    def scales(self, blk):
+        """(d * sc_j, -dmin * m_j) for the 8 sub-blocks j, as <8 x float>."""
+        b, v8 = self.b, ir.VectorType(F32, 8)
+        dm = _f16x8(b, blk, 0)
+        sc, mn = _scales_mins(b, load_vector(b, blk, 4, I8, 16))
+        mins = b.fmul(b.uitofp(mn, v8), lanes(b, dm, [1] * 8))
+        return b.fmul(b.uitofp(sc, v8), lanes(b, dm, [0] * 8)), b.fsub(ir.Constant(v8, None), mins)
+
+    def sub_mins(self, mins, sub):
+        """Lanes sub of the negated mins (None for the types without mins)."""
+        return None if mins is None else lanes(self.b, mins, sub)
+
+    def sub_lanes(self, c):
+        """The sub-block of each of the 16 int32 lanes of step c (8 lanes, 32 values each)."""
+        return [2 * c] * 8 + [2 * c + 1] * 8
+
+    def quants(self, blk, c):
+        """<64 x i8>: sub-block 2c (the low nibbles of bytes 16+32c..) then 2c+1 (their high nibbles)."""
+        b = self.b
+        v = load_vector(b, blk, 16 + 32 * c, I8, 32)
+        return pick(b, b.and_(v, bytes_of(15)), b.lshr(v, bytes_of(4)), list(range(64)))
+
+    def integer_sums(self, wq, xv, start):
+        """Quants 0..15 are unsigned bytes as they are: no correction, no signs."""
+        if self.path == "vnni":
+            return vpdpbusd(self.b, ir.Constant(I32X16, None), wq, xv)
+        return pmadd_halves(self.b, wq, xv)
+
+
+class _Q6KInt8(_Q4KInt8):
+    """Q6_K rows: quants stored as q + 32 (0..63) meet x as unsigned bytes, and each sum starts at -32 times
+    the sum of its four x (a quarter of the VNNI correction); a scale per 16 values (4 lanes), no mins."""
+
+    def scales(self, blk):
+        """(<16 x float> d * scale_i for the 16 sub-blocks i, None)."""
+        b = self.b
+        d = _f16x8(b, blk, 194)  # the 8 f16 ending the block: d is the last
+        return b.fmul(b.sitofp(load_vector(b, blk, 192, I8, 16), V16), lanes(b, d, [7] * 16)), None
+
+    def sub_lanes(self, c):
+        return [4 * c + lane // 4 for lane in range(16)]
+
+    def quants(self, blk, c):
+        """<64 x i8>: q + 32 of values 64c.. (half h = c // 2 of the block, its runs g = 2(c % 2), +1: low
+        nibbles from 32 bytes at 64h + 32(g % 2) shifted by 4(g // 2), high pairs from bytes 128 + 32h
+        shifted by 2g)."""
+        b, h = self.b, c >> 1
+        qh = load_vector(b, blk, 128 + 32 * h, I8, 32)
+        runs = []
+        for g in (2 * (c & 1), 2 * (c & 1) + 1):
+            ql = load_vector(b, blk, 64 * h + 32 * (g & 1), I8, 32)
+            low = b.and_(b.lshr(ql, bytes_of(4 * (g >> 1))), bytes_of(15))
+            runs.append(b.or_(low, b.shl(b.and_(b.lshr(qh, bytes_of(2 * g)), bytes_of(3)), bytes_of(4))))
+        return pick(b, *runs, list(range(64)))
+
+    def integer_sums(self, wq, xv, start):
+        offset = self.b.ashr(start(), ir.Constant(I32X16, [2] * 16))  # -32 times each four x
+        if self.path == "vnni":
+            return vpdpbusd(self.b, offset, wq, xv)
+        return self.b.add(pmadd_halves(self.b, wq, xv), offset)
+
+
+def vpdpbusd(builder, start, unsigned, signed):
+    """<16 x i32>: start + the sums of each four unsigned * signed bytes (<64 x i8> each)."""
+    fnty = ir.FunctionType(I32X16, [I32X16] * 3)
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
+    return builder.call(fn, [start, builder.bitcast(unsigned, I32X16), builder.bitcast(signed, I32X16)])
+
+
+def pmadd_halves(builder, unsigned, signed):
+    """<16 x i32>: the sums of each four unsigned * signed bytes (<64 x i8> each) as two 256-bit halves of
+    vpmaddubsw (pairs into int16, saturating: the caller keeps |products| below 2^14) and vpmaddwd."""
+    v16 = ir.VectorType(I16, 16)
+    madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [ir.VectorType(I8, 32)] * 2),
+                                          "llvm.x86.avx2.pmadd.ub.sw")
+    widen = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VectorType(I32, 8), [v16] * 2),
+                                           "llvm.x86.avx2.pmadd.wd")
+    halves = []
+    for h in range(2):
+        u, s = (lanes(builder, v, range(32 * h, 32 * h + 32)) for v in (unsigned, signed))
+        halves.append(builder.call(widen, [builder.call(madd, [u, s]), ir.Constant(v16, [1] * 16)]))
+    return pick(builder, *halves, list(range(16)))
+
+
+def _driver(kind: str, path: str):
+    """The product on `path`: x float32 [n <= 8, >= nb*size] @ W.T -> out float32 [n, rows], W `kind` data
+    of nb whole blocks per row."""
+    per = BLOCKS[kind].size // 32
+
+    def matvec(x, data, nb, out):
+        q, d, bias, sums = _quantized(x, nb * per)
+        for t in prange((data.shape[0] + ROWS - 1) // ROWS):
+            r0, r1 = t * ROWS, min(data.shape[0], (t + 1) * ROWS)
+            if q.shape[1] == 1:
+                int8_rows_dot(kind, path, 1, data, q, d, bias, sums, nb, r0, r1, out)
+            elif q.shape[1] == 4:
+                int8_rows_dot(kind, path, 4, data, q, d, bias, sums, nb, r0, r1, out)
+            else:
+                int8_rows_dot(kind, path, 8, data, q, d, bias, sums, nb, r0, r1, out)
+    matvec.__name__ = matvec.__qualname__ = f"matvec_{kind}_int8_{path}"
+    return njit(parallel=True, cache=True)(matvec)
+
+
+MATVEC_INT8 = {(kind, path): _driver(kind, path) for kind in KINDS for path in PATHS}

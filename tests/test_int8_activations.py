@@ -1,0 +1,81 @@
+"""The activations option: Model(activations="int8") sends the few-row products over block-quantized weights
+(Q8_0, Q4_K, Q6_K) to the integer kernels, "exact" never does, and the CLI commands take it."""
+import numpy as np
+import pytest
+
+from nanoasr import convert
+from nanoasr.api import Model
+from nanoasr.backend import cpu as cpu_backend
+from nanoasr.cli import serve, transcribe
+from nanoasr.errors import OptionError
+from nanoasr.kernels import cpu
+from nanoasr.model.load import load_checkpoint
+from tools.parity import stage_outputs, teacher_forced_logits
+from tools.synth import speech_like
+
+
+@pytest.fixture(scope="module")
+def tiny_q8_0(tiny_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("q8") / "tiny-q8_0.gguf"
+    convert.write(path, load_checkpoint(tiny_dir), "q8_0", report=False, progress=None)
+    return Model.load(str(path))
+
+
+def forced_logits(model, steps=6):
+    embeds = stage_outputs(model, speech_like(2.0, 5), "funasr", {})["embeds"]
+    return teacher_forced_logits(model, embeds, list(range(100, 100 + steps)), steps)
+
+
+def counting_int8_calls(monkeypatch) -> list:
+    calls, real = [], cpu.matvec_int8
+
+    def spy(x, data, dtype, rows, cols, out, path):
+        calls.append((len(x), path))
+        return real(x, data, dtype, rows, cols, out, path)
+    monkeypatch.setattr(cpu_backend.cpu, "matvec_int8", spy)
+    return calls
+
+
+def test_int8_activations_reach_the_integer_kernel(tiny_q8_0, monkeypatch):
+    int8 = Model(tiny_q8_0.checkpoint, activations="int8")
+    placed = {t.dtype: t.activations for t in int8.weights.values() if hasattr(t, "activations")}
+    assert placed["q8_0"] == "int8" and tiny_q8_0.backend.activations == "exact"
+    calls = counting_int8_calls(monkeypatch)
+    exact_logits = forced_logits(tiny_q8_0)
+    assert calls == []
+    int8_logits = forced_logits(int8)
+    assert calls and {p for _, p in calls} == {cpu_backend.host_path()} and max(n for n, _ in calls) <= 8
+    assert not np.array_equal(int8_logits, exact_logits)
+
+
+def test_int8_activations_mark_the_block_types_but_not_dense_ones():
+    from nanoasr.backend import CPU, with_activations
+    from nanoasr.tensor import StoredTensor
+
+    kinds = {"q8_0": (34, 32), "q4_k": (144, 256), "q6_k": (210, 256), "bf16": (2, 1)}
+    tensors = {k: StoredTensor(np.zeros((2, n), np.uint8 if k != "bf16" else np.uint16), k, (2, per))
+               for k, (n, per) in kinds.items()}
+    placed = with_activations(CPU, "int8").place(tensors, set())
+    assert {k: t.activations for k, t in placed.items()} == {
+        "q8_0": "int8", "q4_k": "int8", "q6_k": "int8", "bf16": "exact"}
+    assert {t.activations for t in CPU.place(tensors, set()).values()} == {"exact"}
+
+
+def test_without_an_integer_path_int8_falls_back_to_the_float_product(tiny_q8_0, monkeypatch):
+    monkeypatch.setattr(cpu_backend, "host_path", lambda: None)
+    calls = counting_int8_calls(monkeypatch)
+    got = forced_logits(Model(tiny_q8_0.checkpoint, activations="int8"))
+    assert calls == [] and np.array_equal(got, forced_logits(tiny_q8_0))
+
+
+def test_activations_option_is_checked(tiny_q8_0):
+    with pytest.raises(OptionError, match="activations must be one of exact, int8") as err:
+        Model(tiny_q8_0.checkpoint, activations="int4")
+    assert err.value.field == "activations"
+
+
+@pytest.mark.parametrize("parser", [transcribe.build_parser, serve.build_parser])
+def test_commands_take_activations(parser):
+    argv = ["a.wav"] if parser is transcribe.build_parser else []
+    assert parser().parse_args(argv).activations == "exact"
+    assert parser().parse_args(argv + ["--activations", "int8"]).activations == "int8"

@@ -1,0 +1,183 @@
+"""The int8-activation products over Q8_0, Q4_K and Q6_K weights (nanoasr/kernels/int8_dot.py) against their
+numpy twin in nanoasr.ops, on every path this CPU can run (AVX2 forced where VNNI is present too)."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from nanoasr import ops
+from nanoasr.kernels import cpu
+from nanoasr.kernels.int8_dot import PATHS, host_path
+from nanoasr.tensor import StoredTensor
+
+RUNNABLE = {"vnni": ["vnni", "avx2"], "avx2": ["avx2"], None: []}[host_path()]
+paths = pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.skipif(
+    p not in RUNNABLE, reason=f"this CPU cannot run the {p} path")) for p in PATHS])
+
+
+def q8_0(scales: np.ndarray, quants: np.ndarray) -> np.ndarray:
+    """Q8_0 rows [rows, k*34] from f16-representable scales [rows, k] and int8 quants [rows, k, 32]."""
+    blocks = np.zeros(quants.shape[:2] + (34,), np.uint8)
+    blocks[..., :2] = scales.astype(np.float16)[..., None].view(np.uint8)
+    blocks[..., 2:] = quants.astype(np.int8).view(np.uint8)
+    return blocks.reshape(len(quants), -1)
+
+
+def random_weights(rng, kind, rows, cols):
+    """Q8_0: random quants and scales; Q4_K: random bytes (every quant and packed scale pattern) with finite
+    f16 d and dmin."""
+    if kind in ("q4_k", "q6_k"):
+        nbytes, at = (144, 0) if kind == "q4_k" else (210, 208)  # f16 d (and dmin) at byte `at`
+        raw = rng.integers(0, 256, (rows, cols // 256, nbytes), dtype=np.uint8)
+        fields = 2 if kind == "q4_k" else 1
+        scales = rng.uniform(-0.05, 0.05, (rows, cols // 256, fields)).astype(np.float16)
+        raw[..., at:at + 2 * fields] = scales.view(np.uint8)
+        return raw.reshape(rows, -1)
+    scales = rng.uniform(1e-3, 1e-2, (rows, cols // 32))
+    return q8_0(scales, rng.integers(-128, 128, (rows, cols // 32, 32)))
+
+
+def product(x, data, kind, rows, path):
+    out = np.full((len(x), rows), np.nan, np.float32)
+    return cpu.matvec_int8(x, data, kind, rows, x.shape[1], out, path)
+
+
+@paths
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 11])
+@pytest.mark.parametrize("kind, rows, cols", [  # odd row counts; an odd block count; two passes over columns
+    ("q8_0", 37, 32 * 7), ("q8_0", 33, 32 * 130), ("q4_k", 37, 256 * 3), ("q4_k", 33, 256 * 17),
+    ("q6_k", 37, 256 * 3), ("q6_k", 33, 256 * 17)])
+def test_int8_product_matches_twin(path, n, kind, rows, cols):
+    """Within float32 rounding of the twin's float64 sum of (int32 block sum) * float32(scale * dx), less the
+    mins times the row's block sums."""
+    rng = np.random.default_rng(n * cols + rows)
+    data = random_weights(rng, kind, rows, cols)
+    x = rng.standard_normal((n, cols)).astype(np.float32) * rng.uniform(0.1, 10, (n, 1)).astype(np.float32)
+    w = StoredTensor(data, kind, (rows, cols))
+    got = product(x, data, kind, rows, path)
+    want = ops.int8_matmul_xp(x, w)
+    _, scales, mins, dx, xs = ops.int8_block_sums_xp(x, w)
+    q, _ = ops.quantize_rows_xp(x)
+    wq, _, _ = ops.int8_weight_blocks_xp(w)
+    magnitude = (np.einsum("nkc,okc->nok", np.abs(q.astype(np.int64)).reshape(n, -1, 16), np.abs(wq))
+                 * np.abs(scales[None] * np.repeat(dx, 2, axis=1)[:, None])).sum(axis=-1)
+    bound = (cols // 32 + 32) * 2.0 ** -24 * (magnitude + np.abs(mins[None] * xs[:, None]).sum(axis=-1))
+    assert np.all(np.abs(got - want) <= bound)
+    exact = cpu.matvec(x, data, kind, rows, cols, np.empty((n, rows), np.float32))
+    assert not np.all(np.abs(exact - want) <= bound)  # the bound tells int8 activations from float ones
+
+
+@paths
+@pytest.mark.parametrize("n", [1, 4, 7, 8])
+def test_int8_block_sums_are_exact(path, n):
+    """Weight scale 1 and rows of integers reaching 127 in every block: scale 1, so the product is the exact
+    integer dot product (weights include -128, rows -127)."""
+    rng = np.random.default_rng(n)
+    rows, cols = 35, 32 * 9
+    wq = rng.integers(-128, 128, (rows, cols // 32, 32))
+    wq[:, :, 0] = -128
+    x = rng.integers(-127, 128, (n, cols))
+    x[:, ::32] = 127
+    x[:, 5::32] = -127
+    data = q8_0(np.ones((rows, cols // 32)), wq)
+    got = product(x.astype(np.float32), data, "q8_0", rows, path)
+    assert np.array_equal(got, (x.astype(np.int64) @ wq.reshape(rows, cols).T).astype(np.float32))
+
+
+@paths
+@pytest.mark.parametrize("n", [1, 4, 7, 8])
+def test_int8_q4_k_sums_are_exact(path, n):
+    """Q4_K with d = dmin = 1 and every 6-bit scale and min 1 (value = quant - 1), rows of integers reaching
+    127 in every block: the product is the exact integer dot product, the mins' term included."""
+    rng = np.random.default_rng(10 + n)
+    rows, cols = 34, 256 * 2
+    blocks = np.zeros((rows, cols // 256, 144), np.uint8)
+    blocks[..., 0:4] = np.array([1.0, 1.0], np.float16).view(np.uint8)
+    blocks[..., 4:12] = 1  # scales 0-3, mins 0-3
+    blocks[..., 12:16] = 0x11  # scales and mins 4-7
+    blocks[..., 16:] = rng.integers(0, 256, (rows, cols // 256, 128))
+    qs = blocks[..., 16:].reshape(rows, -1, 4, 1, 32)
+    values = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(rows, cols).astype(np.int64) - 1
+    x = rng.integers(-127, 128, (n, cols))
+    x[:, ::32] = 127
+    got = product(x.astype(np.float32), blocks.reshape(rows, -1), "q4_k", rows, path)
+    assert np.array_equal(got, (x.astype(np.int64) @ values.T).astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_k", "q6_k"])
+def test_twin_weight_blocks_are_the_stored_values(kind):
+    """quants * scales - mins is what the gguf package dequantizes, exactly."""
+    rng = np.random.default_rng(7)
+    data = random_weights(rng, kind, 5, 512)
+    quants, scales, mins = ops.int8_weight_blocks_xp(StoredTensor(data, kind, (5, 512)))
+    values = (quants.astype(np.float32) * scales[..., None]).reshape(5, -1, 32) - mins[..., None]
+    values = values.reshape(5, 512)
+    assert np.array_equal(values, dequantize(data, GGMLQuantizationType[kind.upper()]))
+
+
+@paths
+@pytest.mark.parametrize("n", [1, 4, 7, 8])
+def test_int8_q6_k_sums_are_exact(path, n):
+    """Q6_K with d = 1 and every scale 1 (value = stored quant - 32, as the gguf package dequantizes it), rows
+    of integers reaching 127 in every block: the product is the exact integer dot product."""
+    rng = np.random.default_rng(20 + n)
+    rows, cols = 34, 256 * 2
+    blocks = rng.integers(0, 256, (rows, cols // 256, 210), dtype=np.uint8)
+    blocks[..., 192:208] = 1
+    blocks[..., 208:210] = np.array([1.0], np.float16).view(np.uint8)
+    data = blocks.reshape(rows, -1)
+    values = dequantize(data, GGMLQuantizationType.Q6_K).astype(np.int64)
+    x = rng.integers(-127, 128, (n, cols))
+    x[:, ::32] = -127
+    got = product(x.astype(np.float32), data, "q6_k", rows, path)
+    assert np.array_equal(got, (x.astype(np.int64) @ values.T).astype(np.float32))
+
+
+def test_quantized_rows_round_to_the_block_scale():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    x[1, 32:64] = 0
+    q, scales = ops.quantize_rows_xp(x)
+    blocks = x.reshape(3, 3, 32)
+    assert np.array_equal(scales, np.abs(blocks).max(-1) / np.float32(127))
+    assert np.array_equal(np.abs(q).max(-1), np.where(scales > 0, 127, 0))
+    assert np.all(np.abs(blocks - q * scales[..., None]) <= scales[..., None] * 0.5001)
+
+
+def test_host_path_follows_the_cpu_features():
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features()
+    vnni = features.get("avx512vnni") and features.get("avx512bw")
+    assert host_path() == ("vnni" if vnni else "avx2" if features.get("avx2") else None)
+
+
+def test_int8_product_refuses_wrong_arguments():
+    with pytest.raises(ValueError, match="q8_0 data"):
+        cpu.matvec_int8(np.zeros((1, 64), np.float32), np.zeros((4, 64), np.uint8), "q8_0", 4, 64,
+                        np.zeros((1, 4), np.float32), "avx2")
+    with pytest.raises(ValueError, match="out must have"):
+        cpu.matvec_int8(np.zeros((2, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
+                        np.zeros((1, 4), np.float32), "avx2")
+    with pytest.raises(ValueError, match="int8 activations need q8_0, q4_k or q6_k weights; got 'bf16'"):
+        cpu.matvec_int8(np.zeros((1, 256), np.float32), np.zeros((4, 256), np.uint16), "bf16", 4, 256,
+                        np.zeros((1, 4), np.float32), "avx2")
+
+
+@paths
+@pytest.mark.parametrize("kind, nbytes", [("q8_0", 34), ("q4_k", 144), ("q6_k", 210)])
+def test_int8_product_uses_the_integer_instructions(path, kind, nbytes):
+    """Compiled afresh: a driver loaded from numba's disk cache has no assembly text to show."""
+    from numba import njit
+
+    from nanoasr.kernels.int8_dot import MATVEC_INT8
+
+    fresh = njit(parallel=True)(MATVEC_INT8[kind, path].py_func)
+    per = 32 if kind == "q8_0" else 256
+    fresh(np.ones((1, 2 * per), np.float32), np.zeros((4, 2 * nbytes), np.uint8), 2,
+          np.empty((1, 4), np.float32))
+    asm = "".join(fresh.inspect_asm().values())
+    if path == "vnni":
+        assert "\tvpdpbusd\t" in asm
+    else:  # where VNNI is present LLVM fuses vpmaddwd with the add after it into vpdpwssd
+        assert "\tvpmaddubsw\t" in asm and ("\tvpmaddwd\t" in asm or "\tvpdpwssd\t" in asm)
