@@ -129,13 +129,18 @@ def rms_norm_xp(x, weight, eps):  # the array-module twin of the kernel (CuPy ru
     return x / xp.sqrt(ms + eps) * weight
 
 
-def softmax_inplace(x):  # [..., m] overwritten with its softmax over the last axis
-    return kernels_for(x).softmax_inplace(x)
+def softmax_inplace(x, scale=1.0, keep=None):  # [B, ..., m] overwritten with softmax(scale * x) over the last
+    # axis; keep [B, m] bool drops item b's columns marked False (probability 0)
+    return kernels_for(x).softmax_inplace(x, scale, keep)
 
 
-def softmax_inplace_xp(x):  # the array-module twin of the kernel: no temporaries the size of x
+def softmax_inplace_xp(x, scale=1.0, keep=None):  # the kernel's array-module twin: no temporaries of x's size
     xp = array_module(x)
+    if keep is not None:
+        mask_inplace_xp(x, keep[(slice(None),) + (None,) * (x.ndim - 2)])
     x -= x.max(axis=-1, keepdims=True)
+    if scale != 1.0:
+        x *= np.float32(scale)
     xp.exp(x, out=x)
     x /= x.sum(axis=-1, keepdims=True)
     return x
@@ -189,16 +194,12 @@ def apply_rope_xp(x, cos, sin):  # the array-module twin of the kernel
     return x * cos[..., None, :] + rotated * sin[..., None, :]
 
 
-def attention(q, k, v, mask=None):  # q [..., h, n, d], k/v [..., h, m, d], mask [..., n|1, m] bool
-    # -> [..., h, n, d]
+def attention(q, k, v, keep=None):  # q [B, h, n, d], k/v [B, h, m, d], keep [B, m] bool -> [B, h, n, d]
+    # Head-split views go to BLAS as they are (each head's rows are evenly strided), all heads in one call;
+    # the 1/sqrt(d) scale and the dropped keys are applied inside the softmax's passes.
     xp = array_module(q)
-    # Stacked matmuls reach BLAS only on contiguous operands (head-split views take a slow loop).
-    q = xp.ascontiguousarray(q * np.float32(q.shape[-1] ** -0.5))
-    k, v = xp.ascontiguousarray(k), xp.ascontiguousarray(v)
-    scores = q @ xp.swapaxes(k, -1, -2)  # [..., h, n, m]
-    if mask is not None:
-        mask_inplace(scores, mask[..., None, :, :])
-    return softmax_inplace(scores) @ v
+    scores = q @ xp.swapaxes(k, -1, -2)  # [B, h, n, m]
+    return softmax_inplace(scores, q.shape[-1] ** -0.5, keep) @ v
 
 
 def self_attention(h, w, prefix, heads, mask):  # [B, T, d_in], mask [B, T] -> attn [B, T, D], v [B, T, D]
@@ -206,8 +207,8 @@ def self_attention(h, w, prefix, heads, mask):  # [B, T, d_in], mask [B, T] -> a
     q = linear(h, w[prefix + "q_proj.weight"], w[prefix + "q_proj.bias"])
     k = linear(h, w[prefix + "k_proj.weight"], w[prefix + "k_proj.bias"])
     v = linear(h, w[prefix + "v_proj.weight"], w[prefix + "v_proj.bias"])
-    split = lambda x: x.reshape(b, t, heads, -1).transpose(0, 2, 1, 3)  # noqa: E731  [B, H, T, dh]
-    out = attention(split(q), split(k), split(v), mask[:, None, :])  # [B, H, T, dh]
+    split = lambda x: x.reshape(b, t, heads, -1).transpose(0, 2, 1, 3)  # noqa: E731  [B, H, T, dh] views
+    out = attention(split(q), split(k), split(v), mask)  # [B, H, T, dh]
     return out.transpose(0, 2, 1, 3).reshape(b, t, -1), v
 
 

@@ -1,10 +1,12 @@
 """The decode-attention kernel against a float64 softmax(q k^T) v written out per row and head, and against
-its numpy twin, the decoder's prefill attention, whose blocks keep its scores within a fixed size."""
+its numpy twin, the decoder's prefill attention, whose blocks keep its scores within a fixed size; the
+encoder's self-attention on head-split views."""
 import tracemalloc
 
 import numpy as np
 import pytest
 
+from nanoasr import ops
 from nanoasr.kernels.attention import decode_attention
 from nanoasr.model import decoder
 
@@ -146,3 +148,25 @@ def test_prefill_scores_stay_within_the_bound_whatever_the_prompt_length(monkeyp
     rows = [0, 1, 2345, 3999]
     want = reference_prefill(q[:, rows], keys, values, positions[:, rows], 2)
     np.testing.assert_allclose(out[:, rows], want, rtol=1e-5, atol=1e-6)
+
+
+def test_self_attention_on_head_split_views_against_the_formula():
+    """ops.attention takes the head-split views of [B, T, H * d] projections as they are, with item 1's last
+    3 frames padding: against float64 per item and head, and the padded item's valid rows against the same
+    item run alone without padding."""
+    rng = np.random.default_rng(7)
+    b, t, heads, d = 2, 9, 3, 4
+    q, k, v = (rng.standard_normal((b, t, heads * d)).astype(np.float32) for _ in range(3))
+    mask = np.ones((b, t), bool)
+    mask[1, 6:] = False
+    split = lambda x: x.reshape(len(x), x.shape[1], heads, d).transpose(0, 2, 1, 3)  # noqa: E731
+    got = ops.attention(split(q), split(k), split(v), mask)  # [B, H, T, d]
+    for i in range(b):
+        n = int(mask[i].sum())
+        for h in range(heads):
+            qh, kh, vh = (x[i, :, h * d:(h + 1) * d].astype(np.float64) for x in (q, k, v))
+            scores = qh @ kh[:n].T / np.sqrt(d)
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            np.testing.assert_allclose(got[i, h], p / p.sum(-1, keepdims=True) @ vh[:n], rtol=2e-5, atol=2e-6)
+    alone = ops.attention(*(split(x[1:, :6]) for x in (q, k, v)), np.ones((1, 6), bool))
+    np.testing.assert_allclose(got[1, :, :6], alone[0], rtol=1e-6, atol=1e-7)

@@ -2,11 +2,16 @@
 
     python tools/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
                           [--llama-gguf qwen3.gguf] [--seconds 10] [--tokens 40] [--long-seconds 600]
-                          [--threads 2] [--device cpu|cuda] [--activations exact|int8] [--json out.json]
-                          [--report docs/reports/performance.md]
+                          [--threads 2] [--device cpu|cuda] [--activations exact|int8] [--rounds 3]
+                          [--json out.json] [--report docs/reports/performance.md]  (appends a dated section)
 
 Each configuration runs in its own process (so peak RSS is its own), with OPENBLAS_CORETYPE and
-OPENBLAS_L2_SIZE unset: users' machines do not set them, and they halve numpy's GEMM speed.
+OPENBLAS_L2_SIZE unset: users' machines do not set them, and they halve numpy's GEMM speed. The
+configurations run in interleaved rounds (A B C, A B C, ...) so that a machine shared with other work slows
+them alike; every figure is the median over the rounds, with its minimum and maximum. The report names the
+CPU and the features nanoasr chooses its kernels by, llama.cpp's own system information when
+llama-cpp-python is installed, and the machine's read bandwidth (a streaming sum over a buffer far larger
+than the caches, on as many threads as the runs use), against which F16/BF16 decode steps are reported.
 """
 from __future__ import annotations
 
@@ -71,10 +76,24 @@ def child_nanoasr(args) -> dict:
     out["peak_rss_mb"] = peak_rss_mb()  # transcribing: before the step tests below fill 8 cache rows
     out.update(step_times(model))
     out["batch8_speedup"] = 8 * out["step_ms_ctx64_b1"] / out["step_ms_ctx64_b8"]
+    out["decode_gb_per_s"] = decode_weight_bytes(model) / out["step_ms_ctx64_b1"] / 1e6
     if args.long_seconds:
         out.update(long_audio(model, args))
     out.update(device_figures(model))
     return out
+
+
+def decode_weight_bytes(model) -> int:
+    """The stored matrices one decode step streams: every decoder matrix but the embedding table (it reads
+    rows), and the LM head (the embedding when tied)."""
+    from nanoasr.model import decoder
+    from nanoasr.tensor import StoredTensor
+
+    w = model.weights
+    head = w.get("lm_head.weight", w[decoder.EMBED])
+    layers = [t for name, t in w.items() if name.startswith(decoder.P) and name != decoder.EMBED
+              and isinstance(t, StoredTensor) and len(t.shape) == 2]
+    return sum(t.data.nbytes for t in layers + [head])
 
 
 def step_times(model) -> dict:
@@ -205,6 +224,7 @@ def child_transformers(args) -> dict:
 
 
 def child_llama(args) -> dict:
+    import llama_cpp
     import numpy as np
     from llama_cpp import Llama
 
@@ -222,6 +242,7 @@ def child_llama(args) -> dict:
         llm.eval([token])
     out["decode_ms_per_token"] = (time.perf_counter() - start) * 1e3 / args.tokens
     out["peak_rss_mb"] = peak_rss_mb()
+    out["system_info"] = llama_cpp.llama_print_system_info().decode().strip()
     return out
 
 
@@ -251,9 +272,11 @@ def run_child(kind: str, model: str, args, **extra) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def machine() -> dict:
+def machine(args) -> dict:
     import numpy  # noqa: F401  (so threadpoolctl sees its BLAS)
     from threadpoolctl import threadpool_info
+
+    from nanoasr.cli import doctor
 
     info = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
     try:
@@ -262,9 +285,63 @@ def machine() -> dict:
         info["cpu"] = model[0] if model else platform.processor()
     except OSError:
         info["cpu"] = platform.processor()
+    found = doctor.cpu()  # what `nanoasr doctor` reports under [cpu]: what the kernels are chosen by
+    info["cpu_target"] = found["name"]
+    info["cpu_features"] = " ".join(f if on else f"-{f}" for f, on in found["features"].items())
     info["blas"] = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}"
                     for i in threadpool_info()]
+    info["llama_system_info"] = llama_system_info(args.llama_python)
     return info
+
+
+def llama_system_info(python: str) -> str:
+    """llama.cpp's own account of the features it was built for and found (llama_print_system_info)."""
+    code = "import llama_cpp; print(llama_cpp.llama_print_system_info().decode().strip())"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"llama-cpp-python is not installed for {python}"
+    return done.stdout.strip()
+
+
+def read_bandwidth(threads: int, mib: int = 1024, repeats: int = 7) -> dict:
+    """GB/s of a streaming read: numpy sums over a float32 buffer of `mib` MiB (far above any cache),
+    split into one slice per thread (numpy lets go of the GIL in a sum)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    buf = np.ones(mib * 2**20 // 4, np.float32)
+    slices = np.array_split(buf, threads)
+    with ThreadPoolExecutor(threads) as pool:
+        def once():
+            list(pool.map(np.sum, slices))
+        once()  # pages touched, threads started
+        rates = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            once()
+            rates.append(buf.nbytes / (time.perf_counter() - start) / 1e9)
+    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+
+
+def summarize(samples: list[dict]) -> dict:
+    """One configuration's rounds -> each number's median (under its own key, so ratios read it) with its
+    minimum and maximum under "spread"; a flag holds only if it held in every round. Failed rounds are
+    counted; a configuration that failed in every round keeps its last error."""
+    done = [r for r in samples if "error" not in r]
+    if not done:
+        return samples[-1]
+    out = {"rounds": len(done), "failed_rounds": len(samples) - len(done), "spread": {}}
+    for key in done[0]:
+        values = [r[key] for r in done if key in r]
+        if isinstance(values[0], bool):
+            out[key] = all(values)
+        elif isinstance(values[0], (int, float)):
+            out[key] = statistics.median(values)
+            out["spread"][key] = [min(values), max(values)]
+        else:
+            out[key] = values[0]
+    return out
 
 
 COLUMNS = (  # (header, keys tried in order)
@@ -274,12 +351,23 @@ COLUMNS = (  # (header, keys tried in order)
     ("encoder+adaptor 30 s ms", ("encoder_adaptor_30s_ms",)),
     ("prefill 196 ms", ("prefill196_ms",)), ("decode ms/token", ("decode_ms_per_token",)),
     ("step ctx 64 ms", ("step_ms_ctx64_b1",)), ("step ctx 512 ms", ("step_ms_ctx512_b1",)),
-    ("batch-8 throughput x", ("batch8_speedup",)), ("RTF 10 s", ("rtf",)), ("RTF long", ("long_rtf",)),
+    ("decode step weights GB/s", ("decode_gb_per_s",)), ("batch-8 throughput x", ("batch8_speedup",)),
+    ("RTF 10 s", ("rtf",)), ("RTF long", ("long_rtf",)),
     ("RTF long, segments one by one", ("long_sequential_rtf",)),
     ("batched = sequential ids", ("long_batched_equals_sequential",)),
     ("peak RSS MB", ("peak_rss_mb",)),
 )
 DEVICE_COLUMNS = (("peak device MB", ("peak_device_mb",)), ("device", ("device",)))  # runs on a GPU only
+
+
+def _cell(r: dict, keys) -> str:  # "median (min-max)" of the first key the run has
+    key = next((k for k in keys if k in r), None)
+    if key is None:
+        return ""
+    low_high = r.get("spread", {}).get(key)
+    if low_high and low_high[0] != low_high[1]:
+        return f"{_fmt(r[key])} ({_fmt(low_high[0])}-{_fmt(low_high[1])})"
+    return _fmt(r[key])
 
 
 def _fmt(v) -> str:
@@ -291,10 +379,18 @@ def _fmt(v) -> str:
 
 
 def report(results: dict, args) -> str:
-    lines = ["# Performance", "", f"Produced by `python tools/bench.py {' '.join(sys.argv[1:])}` "
+    m, bandwidth = results["machine"], results["read_bandwidth_gbs"]
+    lines = [f"## {time.strftime('%Y-%m-%d', time.gmtime())}: {m['cpu']} (`{m['cpu_target']}`)", "",
+             f"Produced by `python tools/bench.py {' '.join(sys.argv[1:])}` "
              f"({args.threads} threads, {args.seconds} s of speech-like audio with {args.tokens} tokens "
-             f"forced, `{args.reference}` profile, OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset).", "",
-             f"Machine: {results['machine']}", ""]
+             f"forced, `{args.reference}` profile, OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset, {args.rounds} "
+             "interleaved rounds: each figure is the median, with the minimum and maximum in brackets).", "",
+             f"- CPU: {m['cpu']} ({m['cpus']} logical CPUs), target `{m['cpu_target']}`, "
+             f"features: {m['cpu_features']}",
+             f"- Read bandwidth ({args.threads} threads, streaming sum over 1 GiB): "
+             f"{_fmt(bandwidth['median'])} GB/s ({_fmt(bandwidth['min'])}-{_fmt(bandwidth['max'])})",
+             f"- BLAS: {'; '.join(m['blas'])}; Python {m['python']}",
+             f"- llama.cpp system info: {m['llama_system_info']}", ""]
     on_device = any("peak_device_mb" in r for r in results["runs"].values())
     columns = COLUMNS + DEVICE_COLUMNS if on_device else COLUMNS
     lines += ["| run | " + " | ".join(h for h, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
@@ -302,15 +398,15 @@ def report(results: dict, args) -> str:
         if "error" in r:
             lines.append(f"| {name} | failed: {r['error']} |")
             continue
-        cells = [next((r[k] for k in keys if k in r), None) for _, keys in columns]
-        lines.append(f"| {name} | " + " | ".join(_fmt(c) for c in cells) + " |")
-    lines += ["", *ratios(results["runs"])]
+        lines.append(f"| {name} | " + " | ".join(_cell(r, keys) for _, keys in columns) + " |")
+    lines += ["", *ratios(results["runs"], bandwidth["median"])]
     lines += ["", "Decode ms/token is the median step of a forced generation after a 10 s clip's prompt; "
               "llama.cpp rows time its Qwen3 decoder alone (llama-cpp-python `eval`, one token at a time). "
               "RTF long is a synthesized recording with pauses, segmented and decoded 8 segments at a time "
               "(a finished row takes the next segment). "
               "Peak RSS is taken after the transcriptions and stage timings, before the step timings fill "
-              "eight cache rows."]
+              "eight cache rows. Decode step weights GB/s: the stored matrices one step reads (all decoder "
+              "matrices and the LM head) over the median step after 64 positions; ratios are of medians."]
     long = [(name, r["long_stage_s"]) for name, r in results["runs"].items() if "long_stage_s" in r]
     for name, stages in long:
         lines += ["", f"Long audio through {name}, seconds per stage: {stages}."]
@@ -323,26 +419,40 @@ def _stored_type(name: str) -> str:
     return stem.rsplit("-", 1)[-1] if "-" in stem else stem
 
 
-def ratios(runs: dict) -> list[str]:
+def ratios(runs: dict, bandwidth_gbs: float) -> list[str]:
     """The comparisons the targets are stated in, from this run's rows."""
     ours = {n: r for n, r in runs.items() if n.startswith("nanoasr") and "error" not in r}
     llama = {_stored_type(n): r for n, r in runs.items() if n.startswith("llama.cpp") and "error" not in r}
     hf = {n.split()[-1]: r for n, r in runs.items() if n.startswith("transformers") and "error" not in r}
-    lines = ["| nanoasr run | decode / llama.cpp same type | decode speed-up over Transformers bf16 | "
+    lines = ["| nanoasr run | decode / llama.cpp same type | prefill 196 / llama.cpp same type | "
+             "decode step weights / read bandwidth | decode speed-up over Transformers bf16 | "
              "encoder+adaptor 30 s / Transformers bf16 | prefill 196 / Transformers fp32 | "
-             "prefill 196 / Transformers bf16 |", "|---|---|---|---|---|---|"]
+             "prefill 196 / Transformers bf16 |", "|---" * 8 + "|"]
     for name, r in ours.items():
         def over(key, other, invert=False):
             if other is None or key not in r or key not in other:
                 return ""
             value = other[key] / r[key] if invert else r[key] / other[key]
             return f"{value:.2f}"
-        cells = [over("decode_ms_per_token", llama.get(_stored_type(name))),
+        same = llama.get(_stored_type(name))
+        streamed = f"{r['decode_gb_per_s'] / bandwidth_gbs:.2f}" if "decode_gb_per_s" in r else ""
+        cells = [over("decode_ms_per_token", same), over("prefill196_ms", same), streamed,
                  over("decode_ms_per_token", hf.get("bf16"), invert=True),
                  over("encoder_adaptor_30s_ms", hf.get("bf16")),
                  over("prefill196_ms", hf.get("fp32")), over("prefill196_ms", hf.get("bf16"))]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
+
+
+def configurations(args) -> list:
+    """(row name, a call that runs it once), in the order each round runs them."""
+    runs = [(f"nanoasr {Path(m).name}", lambda m=m: run_child("nanoasr", m, args)) for m in args.model]
+    if args.transformers:
+        runs += [(f"transformers {d}", lambda d=d: run_child("transformers", args.transformers, args,
+                                                             dtype=d)) for d in ("fp32", "bf16")]
+    runs += [(f"llama.cpp decoder {Path(g).name}", lambda g=g: run_child("llama", g, args))
+             for g in args.llama_gguf]
+    return runs
 
 
 def main() -> int:
@@ -366,6 +476,7 @@ def main() -> int:
                         help="time the long audio's segments one by one as well")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where nanoasr runs")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every configuration")
     parser.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))
     parser.add_argument("--activations", default="exact", choices=("exact", "int8"),
                         help="nanoasr's rows against block-quantized weights in decoding: float32 or int8")
@@ -377,21 +488,20 @@ def main() -> int:
         args.model = args.model[-1]
         print(json.dumps(CHILDREN[args.child[1]](args)))
         return 0
-    results = {"machine": machine(), "runs": {}}
-    for model in args.model:
-        results["runs"][f"nanoasr {Path(model).name}"] = run_child("nanoasr", model, args)
-    if args.transformers:
-        for dtype in ("fp32", "bf16"):
-            results["runs"][f"transformers {dtype}"] = run_child("transformers", args.transformers, args,
-                                                                 dtype=dtype)
-    for path in args.llama_gguf:
-        results["runs"][f"llama.cpp decoder {Path(path).name}"] = run_child("llama", path, args)
+    results = {"machine": machine(args), "read_bandwidth_gbs": read_bandwidth(args.threads)}
+    rounds = {name: [] for name, _ in configurations(args)}
+    for _ in range(args.rounds):
+        for name, run in configurations(args):
+            rounds[name].append(run())
+    results["runs"] = {name: summarize(samples) for name, samples in rounds.items()}
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")
-    if args.report:
-        Path(args.report).write_text(report(results, args))
+    if args.report:  # a new dated section: earlier runs, on other machines too, stay for comparison
+        path = Path(args.report)
+        before = path.read_text() if path.exists() else "# Performance\n"
+        path.write_text(before.rstrip("\n") + "\n\n" + report(results, args))
     return 0
 
 

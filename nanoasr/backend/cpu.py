@@ -37,10 +37,12 @@ def rms_norm(x, weight, eps):
     return ops.rms_norm_xp(x, weight, eps)
 
 
-def softmax_inplace(x):  # in place: only on x's own float32 C-contiguous memory
+def softmax_inplace(x, scale=1.0, keep=None):  # in place: only on x's own float32 C-contiguous memory
+    if keep is not None and keep.all():  # nothing dropped (an unpadded batch): the plain rows, no mask read
+        keep = None
     if x.dtype == np.float32 and x.flags.c_contiguous:
-        return softmax.softmax_inplace(x)
-    return ops.softmax_inplace_xp(x)
+        return softmax.softmax_inplace(x, scale, keep)
+    return ops.softmax_inplace_xp(x, scale, keep)
 
 
 def swiglu(gate, up):  # gate is overwritten in place: only its own float32 C-contiguous memory

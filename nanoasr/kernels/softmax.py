@@ -4,8 +4,9 @@ Its numpy twin is `nanoasr.ops.softmax_inplace_xp` (max, subtract, exp, sum, div
 scores); here numpy takes the row maxima and a row then stays in L1 for its two remaining passes. numba calls
 libm's scalar `expf`, which the loop vectoriser cannot widen, so `exp_nonpositive` is written out:
 x = n ln2 + r with |r| <= ln2/2, e^r from a degree-7 polynomial (Cephes' expf coefficients), and 2^n built
-from its exponent bits. Serial like the elementwise kernels: it runs between BLAS GEMMs. The
-decode-attention kernel uses `exp_nonpositive` too. Compiled on first use and cached on disk.
+from its exponent bits. The scale of attention scores and a per-item mask of dropped keys are applied in the
+same passes (no pass of their own). The decode-attention kernel uses `exp_nonpositive` too. Compiled on
+first use and cached on disk.
 """
 from __future__ import annotations
 
@@ -59,16 +60,17 @@ def exp_nonpositive(x):  # float32 x <= 0 (a score minus its row max) -> e^x wit
     return p * scale if x >= _UNDERFLOW else np.float32(0.0)
 
 
-# numpy's error model: a row without a finite maximum (all masked, NaN, +inf) sums to 0 and comes out NaN,
-# as in the numpy twin and torch, instead of raising ZeroDivisionError.
+# numpy's error model: a row without a finite maximum (all masked or dropped, NaN, +inf) sums to 0 and comes
+# out NaN, as in the numpy twin and torch, instead of raising ZeroDivisionError. Serial like the elementwise
+# kernels: they run between BLAS GEMMs, and waking numba's threads there cost more than it saved (measured).
 @njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
-def _softmax_rows(x, tops):  # x [n, m] float32, overwritten row by row; tops [n] the row maxima
+def _softmax_rows(x, tops, scale):  # x [n, m] float32, overwritten row by row; tops [n] the row maxima
     m = x.shape[1]
     for i in range(x.shape[0]):
         row, top = x[i], tops[i]
         total = np.float32(0.0)
         for j in range(m):
-            e = exp_nonpositive(row[j] - top)
+            e = exp_nonpositive((row[j] - top) * scale)
             row[j] = e
             total += e
         inverse = np.float32(1.0) / total
@@ -76,10 +78,37 @@ def _softmax_rows(x, tops):  # x [n, m] float32, overwritten row by row; tops [n
             row[j] *= inverse
 
 
-def softmax_inplace(x: np.ndarray) -> np.ndarray:  # float32 [..., m], C-contiguous -> x, overwritten
+@njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
+def _softmax_kept_rows(x, keep, per_item, scale):  # x [n, m]; row i keeps the columns keep[i // per_item]
+    m = x.shape[1]
+    for i in range(x.shape[0]):
+        row, kept = x[i], keep[i // per_item]
+        top = np.float32(-np.inf)
+        for j in range(m):
+            if kept[j] and (row[j] > top or row[j] != row[j]):  # a NaN stays the maximum: it reaches the row
+                top = row[j]
+        total = np.float32(0.0)
+        for j in range(m):
+            e = exp_nonpositive((row[j] - top) * scale) if kept[j] else np.float32(0.0)
+            row[j] = e
+            total += e
+        inverse = np.float32(1.0) / total
+        for j in range(m):
+            row[j] *= inverse
+
+
+def softmax_inplace(x: np.ndarray, scale=1.0, keep=None) -> np.ndarray:
+    """float32 [B, ..., m], C-contiguous -> x overwritten with softmax(scale * x) over its last axis; keep
+    [B, m] bool, when given, drops the columns it marks False from every row of item b (probability 0), in
+    the same pass."""
     if x.dtype != np.float32 or not x.flags.c_contiguous:
         raise ValueError(f"softmax_inplace takes C-contiguous float32; got {x.dtype}, "
                          f"contiguous={x.flags.c_contiguous}")
-    rows = x.reshape(-1, x.shape[-1])
-    _softmax_rows(rows, rows.max(axis=1))  # numpy's maximum is vectorised; numba's is a serial chain
+    rows, scale = x.reshape(-1, x.shape[-1]), np.float32(scale)
+    if keep is None:
+        _softmax_rows(rows, rows.max(axis=1), scale)  # numpy's maximum is vectorised; numba's a serial chain
+        return x
+    if keep.shape != (x.shape[0], x.shape[-1]):
+        raise ValueError(f"softmax_inplace takes keep [B, m] = {(x.shape[0], x.shape[-1])}; got {keep.shape}")
+    _softmax_kept_rows(rows, np.ascontiguousarray(keep, dtype=np.bool_), len(rows) // x.shape[0], scale)
     return x

@@ -1,0 +1,82 @@
+"""tools/bench.py's plumbing on the tiny checkpoint: interleaved rounds, medians with their spread, the
+machine's description with and without llama-cpp-python, and a nanoasr child's figures. No timing is
+judged here."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tools import bench
+
+
+def test_rounds_summarize_to_medians_with_min_and_max():
+    rounds = [{"decode_ms_per_token": 3.0, "same_ids": True, "device": "x"},
+              {"error": "killed"},
+              {"decode_ms_per_token": 1.0, "same_ids": False, "device": "x"},
+              {"decode_ms_per_token": 2.0, "same_ids": True, "device": "x"}]
+    got = bench.summarize(rounds)
+    assert got["decode_ms_per_token"] == 2.0 and got["spread"]["decode_ms_per_token"] == [1.0, 3.0]
+    assert got["same_ids"] is False and got["device"] == "x"
+    assert (got["rounds"], got["failed_rounds"]) == (3, 1)
+    assert bench.summarize([{"error": "a"}, {"error": "b"}]) == {"error": "b"}
+    assert bench._cell(got, ("decode_ms_per_token",)) == "2.000 (1.000-3.000)"
+
+
+def test_configurations_run_interleaved_and_the_report_carries_the_machine(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_child(kind, model, args, **extra):
+        calls.append(model)
+        figures = {"decode_ms_per_token": 10.0 + len(calls), "prefill196_ms": 100.0}
+        if kind == "nanoasr":
+            figures["decode_gb_per_s"] = 5.0
+        return figures
+
+    monkeypatch.setattr(bench, "run_child", fake_child)
+    monkeypatch.setattr(bench, "read_bandwidth", lambda threads: {"median": 20.0, "min": 18.0, "max": 21.0})
+    monkeypatch.setattr(bench, "llama_system_info", lambda python: "AVX = 1 | AVX2 = 1")
+    report = tmp_path / "performance.md"
+    report.write_text("# Performance\n\n## An earlier machine\n\n| earlier figures |\n")
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--model", "a/m-bf16", "--model", "b/m-q8_0.gguf",
+                                      "--llama-gguf", "qwen3-q8_0.gguf", "--rounds", "2",
+                                      "--json", str(tmp_path / "out.json"), "--report", str(report)])
+    assert bench.main() == 0
+    assert calls == ["a/m-bf16", "b/m-q8_0.gguf", "qwen3-q8_0.gguf"] * 2
+    results = json.loads((tmp_path / "out.json").read_text())
+    q8 = results["runs"]["nanoasr m-q8_0.gguf"]
+    assert q8["decode_ms_per_token"] == 13.5 and q8["spread"]["decode_ms_per_token"] == [12.0, 15.0]
+    text = report.read_text()
+    assert text.startswith("# Performance\n\n## An earlier machine\n\n| earlier figures |\n\n## ")
+    features = bench.machine(bench.argparse.Namespace(llama_python=sys.executable))["cpu_features"]
+    assert features and features in text
+    assert "llama.cpp system info: AVX = 1 | AVX2 = 1" in text and "2 interleaved rounds" in text
+    assert "20.0 GB/s (18.0-21.0)" in text
+    # the q8_0 row against llama.cpp's q8_0 row (decode 13.5 / 14.5), and its stream against the bandwidth
+    assert "| nanoasr m-q8_0.gguf | 0.93 | 1.00 | 0.25 |" in text
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_llama_system_info_with_and_without_the_package(tmp_path, installed):
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n" + ("echo 'CPU : AVX2 = 1 | FMA = 1'\n" if installed else "exit 1\n"))
+    python.chmod(0o755)
+    got = bench.llama_system_info(str(python))
+    absent = f"llama-cpp-python is not installed for {python}"
+    assert got == ("CPU : AVX2 = 1 | FMA = 1" if installed else absent)
+
+
+def test_read_bandwidth_reports_a_median_inside_its_range():
+    got = bench.read_bandwidth(threads=2, mib=16, repeats=3)
+    assert 0 < got["min"] <= got["median"] <= got["max"]
+
+
+def test_a_nanoasr_child_on_the_tiny_checkpoint(tiny_dir):
+    done = subprocess.run([sys.executable, bench.__file__, "child", "nanoasr", "--model", str(tiny_dir),
+                           "--seconds", "2", "--tokens", "3", "--threads", "1"],
+                          capture_output=True, text=True, env=bench.environ_without_blas_vars())
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    for key in ("decode_ms_per_token", "prefill196_ms", "encoder_adaptor_30s_ms", "step_ms_ctx64_b1"):
+        assert figures[key] > 0
+    assert figures["decode_gb_per_s"] > 0
