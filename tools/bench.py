@@ -380,7 +380,9 @@ def _fmt(v) -> str:
 
 def report(results: dict, args) -> str:
     m, bandwidth = results["machine"], results["read_bandwidth_gbs"]
-    lines = [f"## {time.strftime('%Y-%m-%d', time.gmtime())}: {m['cpu']} (`{m['cpu_target']}`)", "",
+    activations = "" if args.activations == "exact" else f", {args.activations} activations"
+    day = time.strftime('%Y-%m-%d', time.gmtime())
+    lines = [f"## {day}: {m['cpu']} (`{m['cpu_target']}`){activations}", "",
              f"Produced by `python tools/bench.py {' '.join(sys.argv[1:])}` "
              f"({args.threads} threads, {args.seconds} s of speech-like audio with {args.tokens} tokens "
              f"forced, `{args.reference}` profile, OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset, {args.rounds} "
@@ -488,12 +490,14 @@ def main() -> int:
         args.model = args.model[-1]
         print(json.dumps(CHILDREN[args.child[1]](args)))
         return 0
-    results = {"machine": machine(args), "read_bandwidth_gbs": read_bandwidth(args.threads)}
+    results = {"machine": machine(args)}
     rounds = {name: [] for name, _ in configurations(args)}
     for _ in range(args.rounds):
         for name, run in configurations(args):
             rounds[name].append(run())
     results["runs"] = {name: summarize(samples) for name, samples in rounds.items()}
+    # last: a child inherits its parent's peak RSS through fork and exec, so the 1 GiB buffer must come after
+    results["read_bandwidth_gbs"] = read_bandwidth(args.threads)
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:
