@@ -51,9 +51,9 @@ def int8_weight_blocks_xp(w: StoredTensor):  # Q8_0, Q4_K or Q6_K W[out, 32k] ->
     # block's sum of x, subtracted; zeros but for Q4_K)
     xp, rows = array_module(w.data), w.shape[0]
     if w.dtype == "q8_0":
-        blocks = w.data.reshape(rows, -1, 34)
-        dw = blocks[..., :2].copy().view(xp.float16)[..., 0].astype(xp.float32)
-        quants = blocks[..., 2:].view(xp.int8).astype(xp.int32).reshape(rows, -1, 16)
+        blocks = w.data.reshape(-1, 34)
+        dw = f16_field(blocks, 0).reshape(rows, -1)
+        quants = blocks[:, 2:].view(xp.int8).astype(xp.int32).reshape(rows, -1, 16)
         return quants, xp.repeat(dw, 2, axis=1), xp.zeros_like(dw)
     if w.dtype == "q6_k":  # sub-blocks of 16, value = (d * scale_i) * (q - 32)
         blocks = w.data.reshape(-1, 210)

@@ -44,14 +44,20 @@ def _f32_rows(a: np.ndarray, what: str, cols: int) -> None:
         raise ValueError(f"{what} must be C-contiguous float32 [n, {cols}]; got {a.dtype} {list(a.shape)}")
 
 
-def matvec(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, out: np.ndarray) -> np.ndarray:
-    """out[B, rows] = x[B, cols] @ W.T for W stored as `data` in `dtype`, read in place (one pass over W
-    for every 8 rows of x; B is meant to be small, as in batched decoding)."""
+def _product_operands(x, data, dtype, rows, cols, out) -> np.ndarray:
+    """The stored blocks as [rows, row bytes], once x [B, cols] and out [B, rows] are checked."""
     data = _stored(data, dtype, rows, cols)
     _f32_rows(x, "x", cols)
     _f32_rows(out, "out", rows)
     if out.shape[0] != x.shape[0]:
         raise ValueError(f"out must have {x.shape[0]} rows like x; got {out.shape[0]}")
+    return data
+
+
+def matvec(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, out: np.ndarray) -> np.ndarray:
+    """out[B, rows] = x[B, cols] @ W.T for W stored as `data` in `dtype`, read in place (one pass over W
+    for every 8 rows of x; B is meant to be small, as in batched decoding)."""
+    data = _product_operands(x, data, dtype, rows, cols, out)
     for b in range(0, x.shape[0], 8):
         _product(x[b:b + 8], data, dtype, out[b:b + 8])
     return out
@@ -63,11 +69,7 @@ def matvec_int8(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: in
     32-column block to int8 (int8_dot.py; path "vnni" or "avx2", see int8_dot.host_path)."""
     if dtype not in MATVEC_INT8_KINDS:
         raise ValueError(f"int8 activations need q8_0, q4_k or q6_k weights; got {dtype!r}")
-    data = _stored(data, dtype, rows, cols)
-    _f32_rows(x, "x", cols)
-    _f32_rows(out, "out", rows)
-    if out.shape[0] != x.shape[0]:
-        raise ValueError(f"out must have {x.shape[0]} rows like x; got {out.shape[0]}")
+    data = _product_operands(x, data, dtype, rows, cols, out)
     for b in range(0, x.shape[0], 8):
         MATVEC_INT8[dtype, path](x[b:b + 8], data, cols // BLOCKS[dtype].size, out[b:b + 8])
     return out
