@@ -48,7 +48,18 @@ def test_padded_batch_equals_one_at_a_time(tiny_model):
                                    atol=1e-5, rtol=1e-5)
 
 
-def test_batched_generation_equals_sequential(tiny_model):
+@pytest.mark.parametrize("prefill_positions", [generate.PREFILL_POSITIONS, 120])
+def test_batched_generation_equals_sequential(tiny_model, monkeypatch, prefill_positions):
+    """Prompts of different lengths prefilled together (all in one forward, or split where their padded
+    positions would pass the bound) get the tokens each gets alone."""
+    monkeypatch.setattr(generate, "PREFILL_POSITIONS", prefill_positions)
+    forwards = []
+    prefill_many = decoder.Session.prefill_many
+
+    def counted(self, prompts, rooms):
+        forwards.append(len(prompts))
+        return prefill_many(self, prompts, rooms)
+    monkeypatch.setattr(decoder.Session, "prefill_many", counted)
     embeds, budgets = [], []
     for name, options in PROMPTS.items():
         ref = cases(REFS, "funasr")[name]
@@ -56,10 +67,18 @@ def test_batched_generation_equals_sequential(tiny_model):
         budgets.append(20 + 7 * len(budgets))  # different budgets: rows finish at different steps
     w, cfg, stops = tiny_model.weights, tiny_model.config.text, tiny_model.tokenizer.stop_ids
     together = generate.generate(embeds, budgets, w, cfg, stops, ignore_stop=True)
+    assert len({len(e) for e in embeds}) > 1 and sum(forwards) == len(embeds)
+    assert forwards == [len(embeds)] if prefill_positions > 1000 else 1 < len(forwards) < len(embeds)
     for e, b, g in zip(embeds, budgets, together):
         alone = generate.generate([e], [b], w, cfg, stops, ignore_stop=True)[0]
         assert g.ids == alone.ids and g.finish_reason == alone.finish_reason == "length"
         assert g.avg_logprob == pytest.approx(alone.avg_logprob, abs=1e-4)
+
+
+def test_prompts_are_prefilled_together_while_their_padded_positions_stay_within_the_bound(monkeypatch):
+    monkeypatch.setattr(generate, "PREFILL_POSITIONS", 100)
+    prompts = [(i, (np.zeros((n, 1)), 0)) for i, n in enumerate([30, 20, 40, 10, 120, 5])]
+    assert [[i for i, _ in g] for g in generate._prefill_groups(prompts)] == [[0, 1], [2, 3], [4], [5]]
 
 
 def test_a_pool_of_rows_takes_prompts_as_rows_free_up(tiny_model):
@@ -106,7 +125,7 @@ def test_a_session_retires_a_row_by_moving_the_last_active_row_into_it(tiny_mode
     prompts = [rng.standard_normal((n, cfg.hidden_size)).astype(np.float32) for n in (9, 14, 11)]
     session = decoder.Session(w, cfg, rows=3)
     firsts = [int(session.prefill(p, room=2)[0].argmax()) for p in prompts]
-    with pytest.raises(ValueError, match="all 3 cache rows are in use"):
+    with pytest.raises(ValueError, match="1 prompt\\(s\\) to prefill but 0 of 3 cache rows are free"):
         session.prefill(prompts[0])
     session.retire(0)
     assert session.active == 2 and session.cache.lengths[:2].tolist() == [11, 14]
@@ -119,3 +138,25 @@ def test_a_session_retires_a_row_by_moving_the_last_active_row_into_it(tiny_mode
         np.testing.assert_allclose(stepped[row], alone.step([firsts[k]])[0], atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="row 2 is not one of the 2 active rows"):
         session.retire(2)
+
+
+def test_prompts_prefilled_together_get_the_logits_and_cache_they_get_alone(tiny_model):
+    """Prompts of three lengths in one forward (padded on the right to the longest): each row's logits, its
+    cache length and its next step are those of the prompt prefilled alone; the padding is never attended."""
+    cfg, w = tiny_model.config.text, tiny_model.weights
+    rng = np.random.default_rng(6)
+    prompts = [rng.standard_normal((n, cfg.hidden_size)).astype(np.float32) for n in (9, 14, 11)]
+    session = decoder.Session(w, cfg, rows=4)
+    together = session.prefill_many(prompts, [3, 1, 2])
+    assert together.shape == (3, cfg.vocab_size) and session.active == 3
+    assert session.cache.lengths[:3].tolist() == [9, 14, 11]
+    firsts = [int(row.argmax()) for row in together]
+    stepped = session.step(firsts)
+    for k, prompt in enumerate(prompts):
+        alone = decoder.Session(w, cfg, rows=1)
+        np.testing.assert_allclose(together[k], alone.prefill(prompt, room=1)[0], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(stepped[k], alone.step([firsts[k]])[0], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="one room per prompt"):
+        session.prefill_many(prompts[:1], [1, 2])
+    with pytest.raises(ValueError, match="2 prompt\\(s\\) to prefill but 1 of 4 cache rows are free"):
+        session.prefill_many(prompts[:2], [1, 1])

@@ -2,9 +2,11 @@
 before rotate-half RoPE, SwiGLU MLP, tied LM head.
 
 One forward serves prefill and decode: `x` [B, n, H] are new positions for cache rows `rows` (a slice of the
-batch), item b's new positions starting at `start[b]`. Prefill is n > 1 for one row; batched decode is n = 1
-for the active rows, each at its own position. `Session` keeps the cache rows and their positions for
-that loop: prefill a prompt into a free row, step every active row, retire a finished row.
+batch), item b's new positions starting at `start[b]`. Prefill is n > 1 for rows that start empty, each
+prompt padded on the right to the longest (a causal query never sees the padding after it, so a row's
+results are its own); batched decode is n = 1 for the active rows, each at its own position. `Session` keeps
+the cache rows and their positions for that loop: prefill prompts into free rows (one pass over the weights
+for all of them), step every active row, retire a finished row.
 """
 from __future__ import annotations
 
@@ -72,10 +74,11 @@ def _write_cache(cache: KVCache, layer, rows: slice, start, positions, k, v):  #
         batch = array_module(cache.k).arange(rows.start, rows.start + b)
         cache.k[layer, batch, :, positions[:, 0]] = k[:, 0]
         cache.v[layer, batch, :, positions[:, 0]] = v[:, 0]
-    else:  # prefill of one row
-        s = int(start[0])
-        cache.k[layer, rows.start, :, s:s + n] = k[0].transpose(1, 0, 2)
-        cache.v[layer, rows.start, :, s:s + n] = v[0].transpose(1, 0, 2)
+    else:  # prefill: padding included, past each row's prompt, where its tokens will overwrite it
+        for r in range(b):
+            s = int(start[r])
+            cache.k[layer, rows.start + r, :, s:s + n] = k[r].transpose(1, 0, 2)
+            cache.v[layer, rows.start + r, :, s:s + n] = v[r].transpose(1, 0, 2)
 
 
 # Prefill scores are [B, kv heads, group, n, m] float32, for a long prompt more memory than the weights. They
@@ -145,11 +148,13 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
     return x + linear(gated, w[p + "mlp.down_proj.weight"])
 
 
-def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start, inv_freq):  # [B, n, H] -> [B, H]
-    """Run new positions through the decoder, filling the cache; returns the final-normed last position.
-    `inv_freq` [head_dim/2]: the rotary frequencies (ops.rope_inv_freq), on x's device."""
+def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start, inv_freq, counts=None):
+    """[B, n, H] -> [B, H]: run new positions through the decoder, filling the cache; returns each row's
+    final-normed last position. `inv_freq` [head_dim/2]: the rotary frequencies (ops.rope_inv_freq), on x's
+    device. `counts` [B] (host): the positions of each row that are real, the rest padding (all n if None)."""
     xp = array_module(x)
     b, n, _ = x.shape
+    counts = np.full(b, n, np.int64) if counts is None else np.asarray(counts, dtype=np.int64)
     start = np.asarray(start, dtype=np.int64)
     positions = start[:, None] + np.arange(n)[None, :]  # [B, n]
     on_device = xp.asarray(positions)  # the one copy of the positions to x's device
@@ -157,8 +162,11 @@ def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start, inv_freq)
     rope = (cos.reshape(b, n, -1), sin.reshape(b, n, -1))
     for i in range(cfg.num_hidden_layers):
         x = decoder_layer(x, w, i, cfg, cache, rows, start, rope, on_device)
-    cache.lengths[rows] = positions[:, -1] + 1
-    return rms_norm(x[:, -1], w[P + "norm.weight"], cfg.rms_norm_eps)
+    cache.lengths[rows] = start + counts
+    last = x[:, -1].copy()
+    for r in np.flatnonzero(counts < n).tolist():  # a padded prompt's last real position
+        last[r] = x[r, counts[r] - 1]
+    return rms_norm(last, w[P + "norm.weight"], cfg.rms_norm_eps)
 
 
 def logits(hidden, w):  # [B, H] -> [B, vocab]: the tied LM head, in the embedding's stored type
@@ -166,10 +174,10 @@ def logits(hidden, w):  # [B, H] -> [B, vocab]: the tied LM head, in the embeddi
 
 
 class Session:
-    """Cache rows decoded together. A prompt is prefilled into the next free row; a step advances every
-    active row by one token. The active rows are the cache's first `active` rows: retiring a row moves the
-    last active row into its place. `bf16_rope` rounds the rotary frequencies as FunASR does (the funasr
-    profile); without it they are exact, as in Transformers."""
+    """Cache rows decoded together. Prompts are prefilled into the next free rows, together; a step
+    advances every active row by one token. The active rows are the cache's first `active` rows: retiring a
+    row moves the last active row into its place. `bf16_rope` rounds the rotary frequencies as FunASR does
+    (the funasr profile); without it they are exact, as in Transformers."""
 
     def __init__(self, w, cfg: TextConfig, rows: int, bf16_rope: bool = False):
         self.w, self.cfg, self.rows = w, cfg, rows
@@ -179,16 +187,34 @@ class Session:
 
     def prefill(self, embeds, room: int = 0):  # [L, H] -> logits [1, vocab] of its last position
         """Run a prompt into the next free row, keeping `room` positions free after it for its tokens."""
-        if self.active == self.rows:
-            raise ValueError(f"all {self.rows} cache rows are in use; retire one before the next prefill")
+        return self.prefill_many([embeds], [room])
+
+    def prefill_many(self, prompts, rooms):  # k prompts [L_i, H] -> logits [k, vocab] of their last positions
+        """Run prompts into the next free rows in one forward (padded on the right to the longest), keeping
+        rooms[i] positions free after prompt i for its tokens."""
+        if len(prompts) != len(rooms) or not prompts:
+            raise ValueError(f"prefill takes one room per prompt, at least one; got {len(prompts)} prompts "
+                             f"and {len(rooms)} rooms")
+        if self.active + len(prompts) > self.rows:
+            free = self.rows - self.active
+            raise ValueError(f"{len(prompts)} prompt(s) to prefill but {free} of {self.rows} cache rows are "
+                             "free; retire rows first")
+        xp = array_module(prompts[0])
+        counts = [len(p) for p in prompts]
+        needed = max(c + r for c, r in zip(counts, rooms))  # rooms are never negative: the padding fits too
         if self.cache is None:
-            xp = array_module(embeds)
-            self.cache = KVCache(self.cfg, self.rows, len(embeds) + room, xp)
+            self.cache = KVCache(self.cfg, self.rows, needed, xp)
             self.inv_freq = xp.asarray(self.inv_freq)
-        self.cache.reserve(len(embeds) + room)
-        row = slice(self.active, self.active + 1)
-        hidden = forward(embeds[None], self.w, self.cfg, self.cache, row, [0], self.inv_freq)
-        self.active += 1
+        self.cache.reserve(needed)
+        if len(prompts) == 1:
+            x = prompts[0][None]
+        else:
+            x = xp.zeros((len(prompts), max(counts), prompts[0].shape[1]), np.float32)
+            for i, p in enumerate(prompts):
+                x[i, :len(p)] = p
+        rows = slice(self.active, self.active + len(prompts))
+        hidden = forward(x, self.w, self.cfg, self.cache, rows, [0] * len(prompts), self.inv_freq, counts)
+        self.active += len(prompts)
         return logits(hidden, self.w)
 
     def step(self, ids):  # one token id per active row [active] -> logits [active, vocab]

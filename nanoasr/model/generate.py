@@ -1,7 +1,7 @@
 """Greedy generation for many prompts through a pool of cache rows (a decoder.Session): admit prompts into
-free rows (prefill), retire the rows that are done, and step every active row by one token (one pass over
-the weights for the whole pool). Retiring moves the last active row into the freed one, so the active rows
-stay a contiguous prefix of the cache, and free rows take the next prompts.
+free rows (prefilled together), retire the rows that are done, and step every active row by one token (one
+pass over the weights for the whole pool). Retiring moves the last active row into the freed one, so the
+active rows stay a contiguous prefix of the cache, and free rows take the next prompts.
 """
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ from nanoasr.model.config import TextConfig
 from nanoasr.tensor import StoredTensor, has_nonfinite
 
 MAX_NEW_TOKENS = 512  # hard cap per segment
+# Prompts admitted together are prefilled in one forward (one pass over the weights for all of them) while
+# their positions, each padded to the longest, stay within this many; more start another forward.
+PREFILL_POSITIONS = 4096
 # A loop is the tail repeating a pattern of `period` tokens at least
 # max(MIN_REPEATS, LOOP_TOKENS / period) times.
 MAX_PERIOD, MIN_REPEATS, LOOP_TOKENS = 50, 3, 32
@@ -96,11 +99,24 @@ def _finish(ids: list[int], budget: int, stop_ids, ignore_stop: bool) -> Generat
     return None
 
 
-def _first_choice(session: decoder.Session, e, budget: int, suppress):  # e [L, H] -> first (ids, lps)
-    logits = session.prefill(e, room=budget)
+def _first_choices(session: decoder.Session, group, suppress):  # [(item, (e [L, H], budget))] -> (ids, lps)
+    logits = session.prefill_many([e for _, (e, _) in group], [budget for _, (_, budget) in group])
     if not to_numpy(array_module(logits).isfinite(logits).all()):  # before `suppress` writes its -inf
         raise _nonfinite_weights(session.w)
     return _greedy(logits, suppress)
+
+
+def _prefill_groups(waiting):  # -> runs of consecutive prompts, each run's count times its longest prompt
+    # within PREFILL_POSITIONS (or one prompt alone)
+    group = []
+    for prompt in waiting:
+        longest = max(len(e) for _, (e, _) in group + [prompt])
+        if group and longest * (len(group) + 1) > PREFILL_POSITIONS:
+            yield group
+            group = []
+        group.append(prompt)
+    if group:
+        yield group
 
 
 @dataclass
@@ -151,16 +167,20 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
 
 
 def _admit(session: decoder.Session, prompts, live: list[_Row], suppress, clock: dict) -> bool:
-    """Prefill the next prompts into the free rows; True once no prompt is left."""
-    while session.active < session.rows:
+    """Prefill the next prompts into the free rows, those that fit together in one forward; True once no
+    prompt is left."""
+    waiting, exhausted = [], False
+    while session.active + len(waiting) < session.rows:
         prompt = next(prompts, None)
         if prompt is None:
-            return True
-        item, (e, budget) = prompt
+            exhausted = True
+            break
+        waiting.append(prompt)
+    for group in _prefill_groups(waiting):
         with _timed(clock, "prefill"):
-            ids, lps = _first_choice(session, e, budget, suppress)
-        live.append(_Row(item, budget, ids, lps))
-    return False
+            ids, lps = _first_choices(session, group, suppress)
+        live.extend(_Row(item, budget, [i], [lp]) for (item, (_, budget)), i, lp in zip(group, ids, lps))
+    return exhausted
 
 
 def _retire(session: decoder.Session, live: list[_Row], results: dict, stop_ids, ignore_stop: bool,

@@ -126,7 +126,7 @@ class Choices:
 
     def __init__(self, log: Transfers, monkeypatch):
         self.rows, self.prefills, self.uploads = [], 0, []
-        greedy, prefill = generate._greedy, generate._first_choice
+        greedy, prefill = generate._greedy, generate._first_choices
 
         def counted_greedy(logits, suppress=()):
             self.rows.append(logits.shape[0])
@@ -138,7 +138,7 @@ class Choices:
             return prefill(*args)
 
         monkeypatch.setattr(generate, "_greedy", counted_greedy)
-        monkeypatch.setattr(generate, "_first_choice", counted_prefill)
+        monkeypatch.setattr(generate, "_first_choices", counted_prefill)
         log.down.clear()
 
     def allowed_reads(self) -> Counter:

@@ -1,0 +1,123 @@
+"""Many-row products (encoder, prefill) at the model's shapes: what widening the stored matrix costs.
+
+    python tools/gemm_bench.py [--threads 2] [--rows 167 500 196 1568] [--dtypes bf16 q8_0 ...] [--json out]
+
+For more than backend.cpu.FUSED_ROWS rows nanoasr widens the stored matrix to float32 in a reused buffer and
+multiplies with BLAS. For each shape, row count and stored type this times, in ms per product (medians):
+  widen+BLAS  that product, as nanoasr runs it (backend.cpu.stored_matmul);
+  BLAS f32    BLAS on a float32 copy made beforehand: the floor for any float32 GEMM that would read the
+              stored type instead (it still has to do the same arithmetic, and reads no fewer bytes);
+  tiled       widening 128 weight rows at a time into a buffer that stays in cache, each followed by its
+              BLAS product (the widened copy is never written to memory).
+The weights come from distinct copies of the matrix that overflow the last-level cache, as in a forward pass.
+Rows: 167 and 500 are the encoder's frames for 10 s and 30 s, 196 a prefill, 1568 eight prefills together.
+Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as users' machines have them.
+"""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from tools.measure import rerun_without_blas_vars  # noqa: E402
+
+rerun_without_blas_vars()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from nanoasr.backend import cpu as cpu_backend  # noqa: E402
+from nanoasr.kernels import cpu  # noqa: E402
+from nanoasr.tensor import StoredTensor  # noqa: E402
+from tools.kernel_bench import COLD_BYTES, stored_matrix  # noqa: E402
+
+SHAPES = {  # name: (out_features, in_features)
+    "enc attn": (512, 512), "enc fc1": (2048, 512), "enc fc2": (512, 2048),
+    "dec q": (2048, 1024), "dec kv": (1024, 1024), "dec o": (1024, 2048),
+    "dec gate/up": (3072, 1024), "dec down": (1024, 3072),
+}
+ENCODER_ROWS = {167, 500}
+TILE_ROWS = 128
+DTYPES = ("bf16", "f16", "q8_0", "q4_k", "q6_k")
+
+
+def tiled(x: np.ndarray, w: StoredTensor, out: np.ndarray, tile: np.ndarray) -> np.ndarray:
+    rows, cols = w.shape
+    for r0 in range(0, rows, TILE_ROWS):
+        r1 = min(rows, r0 + TILE_ROWS)
+        part = cpu.widen(w.data[r0:r1], w.dtype, r1 - r0, cols, tile[:r1 - r0])
+        out[:, r0:r1] = x @ part.T
+    return out
+
+
+def per_call_ms(fn, operands: list, reps: int) -> float:
+    """Median over `reps` passes of the mean ms per call, one call per operand."""
+    fn(operands[0])
+    passes = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for op in operands:
+            fn(op)
+        passes.append((time.perf_counter() - start) / len(operands) * 1e3)
+    return float(np.median(passes))
+
+
+def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict:
+    first = stored_matrix(rng, dtype, rows, cols)
+    copies = [first] + [first.copy() for _ in range(max(0, COLD_BYTES // first.nbytes - 1))]
+    stored = [StoredTensor(c, dtype, (rows, cols)) for c in copies]
+    wide = cpu.widen(first, dtype, rows, cols, np.empty((rows, cols), np.float32))
+    wides = [wide] + [wide.copy() for _ in range(max(0, COLD_BYTES // wide.nbytes - 1))]
+    x = rng.standard_normal((n, cols), np.float32)
+    out, tile = np.empty((n, rows), np.float32), np.empty((TILE_ROWS, cols), np.float32)
+    ms = {"widen+BLAS": per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), stored, reps),
+          "BLAS f32": per_call_ms(lambda w: x @ w.T, wides, reps),
+          "tiled": per_call_ms(lambda w: tiled(x, w, out, tile), stored, reps)}
+    return {"dtype": dtype, "shape": [rows, cols], "rows": n, "ms": ms,
+            "gflops": {k: 2 * n * rows * cols / v / 1e6 for k, v in ms.items()}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", type=int, nargs="+", default=[167, 500, 196, 1568])
+    ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", type=pathlib.Path)
+    args = ap.parse_args(argv)
+
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    numba.set_num_threads(args.threads)
+    threadpool_limits(args.threads)
+    print(f"threads {args.threads}, {platform.processor() or platform.machine()}; ms per product (median), "
+          f"GFLOP/s in brackets\n")
+    print("| type | rows | shape | widen+BLAS | BLAS f32 | tiled | widening's share |")
+    print("|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    results = []
+    for n in args.rows:
+        for dtype in args.dtypes:
+            for name, (rows, cols) in SHAPES.items():
+                if name.startswith("enc") != (n in ENCODER_ROWS):
+                    continue
+                r = time_shape(rng, dtype, rows, cols, n, args.reps)
+                r["name"] = name
+                results.append(r)
+                ms, gf = r["ms"], r["gflops"]
+                cells = " | ".join(f"{ms[k]:.2f} ({gf[k]:.0f})" for k in ("widen+BLAS", "BLAS f32", "tiled"))
+                share = 1 - ms["BLAS f32"] / ms["widen+BLAS"]
+                print(f"| {dtype} | {n} | {name} {rows}x{cols} | {cells} | {share:.0%} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
