@@ -48,11 +48,17 @@ def test_padded_batch_equals_one_at_a_time(tiny_model):
                                    atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("prefill_positions", [generate.PREFILL_POSITIONS, 120])
-def test_batched_generation_equals_sequential(tiny_model, monkeypatch, prefill_positions):
-    """Prompts of different lengths prefilled together (all in one forward, or split where their padded
-    positions would pass the bound) get the tokens each gets alone."""
-    monkeypatch.setattr(generate, "PREFILL_POSITIONS", prefill_positions)
+PREFILL_BOUNDS = [((4096, 1.0), [3]), ((generate.PREFILL_POSITIONS, generate.PREFILL_PADDING), [1, 2]),
+                  ((60, 1.0), [1, 1, 1])]
+
+
+@pytest.mark.parametrize("bounds, forwards_made", PREFILL_BOUNDS)
+def test_batched_generation_equals_sequential(tiny_model, monkeypatch, bounds, forwards_made):
+    """Prompts of lengths 26, 37 and 80 prefilled together (all in one forward; the longest alone, since
+    padding the others to it would add more than a quarter; or each alone under a bound of 60 positions)
+    get the tokens each gets alone."""
+    monkeypatch.setattr(generate, "PREFILL_POSITIONS", bounds[0])
+    monkeypatch.setattr(generate, "PREFILL_PADDING", bounds[1])
     forwards = []
     prefill_many = decoder.Session.prefill_many
 
@@ -67,18 +73,21 @@ def test_batched_generation_equals_sequential(tiny_model, monkeypatch, prefill_p
         budgets.append(20 + 7 * len(budgets))  # different budgets: rows finish at different steps
     w, cfg, stops = tiny_model.weights, tiny_model.config.text, tiny_model.tokenizer.stop_ids
     together = generate.generate(embeds, budgets, w, cfg, stops, ignore_stop=True)
-    assert len({len(e) for e in embeds}) > 1 and sum(forwards) == len(embeds)
-    assert forwards == [len(embeds)] if prefill_positions > 1000 else 1 < len(forwards) < len(embeds)
+    assert sorted(len(e) for e in embeds) == [26, 37, 80] and forwards == forwards_made
     for e, b, g in zip(embeds, budgets, together):
         alone = generate.generate([e], [b], w, cfg, stops, ignore_stop=True)[0]
         assert g.ids == alone.ids and g.finish_reason == alone.finish_reason == "length"
         assert g.avg_logprob == pytest.approx(alone.avg_logprob, abs=1e-4)
 
 
-def test_prompts_are_prefilled_together_while_their_padded_positions_stay_within_the_bound(monkeypatch):
+def test_prompts_are_prefilled_together_longest_first_within_the_bounds(monkeypatch):
+    """Under 100 positions with at most a quarter of padding, longest first: 120 alone (with 40 it would
+    pass 100), 40 with 30 (80 padded positions for 70 real; a third would make 120), then 20, 10 and 5
+    each alone (20 with 10 would pad to 40 for 30 real, 10 with 5 to 20 for 15)."""
     monkeypatch.setattr(generate, "PREFILL_POSITIONS", 100)
     prompts = [(i, (np.zeros((n, 1)), 0)) for i, n in enumerate([30, 20, 40, 10, 120, 5])]
-    assert [[i for i, _ in g] for g in generate._prefill_groups(prompts)] == [[0, 1], [2, 3], [4], [5]]
+    groups = [[i for i, _ in g] for g in generate._prefill_groups(prompts)]
+    assert groups == [[4], [2, 0], [1], [3], [5]]
 
 
 def test_a_pool_of_rows_takes_prompts_as_rows_free_up(tiny_model):

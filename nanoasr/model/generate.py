@@ -19,9 +19,10 @@ from nanoasr.model.config import TextConfig
 from nanoasr.tensor import StoredTensor, has_nonfinite
 
 MAX_NEW_TOKENS = 512  # hard cap per segment
-# Prompts admitted together are prefilled in one forward (one pass over the weights for all of them) while
-# their positions, each padded to the longest, stay within this many; more start another forward.
-PREFILL_POSITIONS = 4096
+# Prompts admitted together are prefilled in one forward (one pass over the weights for all of them), longest
+# first, while their positions, each padded to the longest, stay within PREFILL_POSITIONS and the padding
+# adds at most PREFILL_PADDING of the real positions' work; otherwise the next prompt starts another forward.
+PREFILL_POSITIONS, PREFILL_PADDING = 4096, 0.25
 # A loop is the tail repeating a pattern of `period` tokens at least
 # max(MIN_REPEATS, LOOP_TOKENS / period) times.
 MAX_PERIOD, MIN_REPEATS, LOOP_TOKENS = 50, 3, 32
@@ -106,15 +107,16 @@ def _first_choices(session: decoder.Session, group, suppress):  # [(item, (e [L,
     return _greedy(logits, suppress)
 
 
-def _prefill_groups(waiting):  # -> runs of consecutive prompts, each run's count times its longest prompt
-    # within PREFILL_POSITIONS (or one prompt alone)
-    group = []
-    for prompt in waiting:
-        longest = max(len(e) for _, (e, _) in group + [prompt])
-        if group and longest * (len(group) + 1) > PREFILL_POSITIONS:
+def _prefill_groups(waiting):  # -> runs of prompts, longest first, each prefilled in one forward
+    group, real = [], 0
+    for prompt in sorted(waiting, key=lambda p: -len(p[1][0])):
+        length = len(prompt[1][0])
+        padded = len(group[0][1][0] if group else prompt[1][0]) * (len(group) + 1)
+        if group and (padded > PREFILL_POSITIONS or padded > (1 + PREFILL_PADDING) * (real + length)):
             yield group
-            group = []
+            group, real = [], 0
         group.append(prompt)
+        real += length
     if group:
         yield group
 
