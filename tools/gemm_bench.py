@@ -5,8 +5,9 @@
 For more than backend.cpu.FUSED_ROWS rows nanoasr widens the stored matrix to float32 in a reused buffer and
 multiplies with BLAS. For each shape, row count and stored type this times, in ms per product (medians):
   widen+BLAS  that product, as nanoasr runs it (backend.cpu.stored_matmul);
-  BLAS f32    BLAS on a float32 copy made beforehand: the floor for any float32 GEMM that would read the
-              stored type instead (it still has to do the same arithmetic, and reads no fewer bytes);
+  BLAS f32    BLAS on a float32 copy made beforehand: what a float32 GEMM reading the stored type would
+              have to beat (the same arithmetic; it would read 1-2 bytes a weight instead of 4, which
+              matters little where the product runs near the arithmetic peak);
   tiled       widening 128 weight rows at a time into a buffer that stays in cache, each followed by its
               BLAS product (the widened copy is never written to memory).
 The weights come from distinct copies of the matrix that overflow the last-level cache, as in a forward pass.
@@ -20,14 +21,13 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from tools.measure import rerun_without_blas_vars  # noqa: E402
+from tools.measure import median_ms, rerun_without_blas_vars  # noqa: E402
 
 rerun_without_blas_vars()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -57,14 +57,8 @@ def tiled(x: np.ndarray, w: StoredTensor, out: np.ndarray, tile: np.ndarray) -> 
 
 def per_call_ms(fn, operands: list, reps: int) -> float:
     """Median over `reps` passes of the mean ms per call, one call per operand."""
-    fn(operands[0])
-    passes = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        for op in operands:
-            fn(op)
-        passes.append((time.perf_counter() - start) / len(operands) * 1e3)
-    return float(np.median(passes))
+    fn(operands[0])  # compiles the kernels, allocates the buffers
+    return median_ms(lambda: [fn(op) for op in operands], reps) / len(operands)
 
 
 def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict:

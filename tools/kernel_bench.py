@@ -47,12 +47,13 @@ COLD_BYTES = 192 << 20  # six times the 32 MiB L3 of the reference machine
 
 def stored_matrix(rng, dtype: str, rows: int, cols: int) -> np.ndarray:
     """Random stored data of a [rows, cols] weight: dense types weight-like (normal, std 0.02; random bit
-    patterns would hold subnormal values, which slow every float unit that meets them), block types random
-    quants under finite scales, so the arithmetic is ordinary."""
+    patterns would hold subnormal values, which slow float arithmetic), block types random quants under
+    finite scales, so the arithmetic is ordinary."""
     if dtype in ("f32", "f16", "bf16"):
         w = rng.standard_normal((rows, cols), np.float32) * np.float32(0.02)
-        bf16 = (w.view(np.uint32) >> 16).astype(np.uint16)
-        return {"f32": w, "f16": w.astype(np.float16), "bf16": bf16}[dtype]
+        if dtype == "bf16":  # the top half of each float32
+            return (w.view(np.uint32) >> 16).astype(np.uint16)
+        return w.astype(np.float16) if dtype == "f16" else w
     per, nbytes = cpu.QK[dtype]
     raw = rng.integers(0, 256, (rows, cols // per, nbytes), dtype=np.uint8)
     for at in F16_FIELDS[dtype]:

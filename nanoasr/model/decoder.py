@@ -163,9 +163,11 @@ def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start, inv_freq,
     for i in range(cfg.num_hidden_layers):
         x = decoder_layer(x, w, i, cfg, cache, rows, start, rope, on_device)
     cache.lengths[rows] = start + counts
-    last = x[:, -1].copy()
-    for r in np.flatnonzero(counts < n).tolist():  # a padded prompt's last real position
-        last[r] = x[r, counts[r] - 1]
+    last = x[:, -1]
+    if (counts < n).any():  # prompts padded to the longest: each row's last real position
+        last = last.copy()
+        for r in np.flatnonzero(counts < n).tolist():
+            last[r] = x[r, counts[r] - 1]
     return rms_norm(last, w[P + "norm.weight"], cfg.rms_norm_eps)
 
 

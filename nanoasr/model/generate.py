@@ -107,16 +107,18 @@ def _first_choices(session: decoder.Session, group, suppress):  # [(item, (e [L,
     return _greedy(logits, suppress)
 
 
-def _prefill_groups(waiting):  # -> runs of prompts, longest first, each prefilled in one forward
+def _prefill_groups(waiting):  # [(item, (e [L, H], budget))] -> runs of them, longest first, each
+    # prefilled in one forward
+    def length(prompt):
+        return len(prompt[1][0])
     group, real = [], 0
-    for prompt in sorted(waiting, key=lambda p: -len(p[1][0])):
-        length = len(prompt[1][0])
-        padded = len(group[0][1][0] if group else prompt[1][0]) * (len(group) + 1)
-        if group and (padded > PREFILL_POSITIONS or padded > (1 + PREFILL_PADDING) * (real + length)):
+    for prompt in sorted(waiting, key=length, reverse=True):
+        padded = length(group[0] if group else prompt) * (len(group) + 1)  # the first is the longest
+        if group and (padded > PREFILL_POSITIONS or padded > (1 + PREFILL_PADDING) * (real + length(prompt))):
             yield group
             group, real = [], 0
         group.append(prompt)
-        real += length
+        real += length(prompt)
     if group:
         yield group
 
