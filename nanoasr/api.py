@@ -119,8 +119,10 @@ class Model:
     def __init__(self, checkpoint: Checkpoint, device: str = "cpu", threads: int | None = None,
                  batch_size: int = BATCH_SIZE, activations: str = "exact"):
         """`batch_size`: segments of one call decoded together, at most (each in its own KV-cache row);
-        `activations`: "exact" (float32 rows) or "int8" (rows quantized per block against Q8_0, Q4_K and
-        Q6_K weights while decoding, as ggml does; see nanoasr.backend.ACTIVATIONS)."""
+        `activations`: "exact" (float32 rows), "int8" (rows quantized per block against Q8_0, Q4_K and
+        Q6_K weights while decoding, as ggml does) or "bf16" (rows rounded to bf16 against BF16 weights and
+        in the encoder's and prefill's attention, on AMX tiles where the CPU has them); see
+        nanoasr.backend.ACTIVATIONS."""
         self.batch_size = _whole_number("batch_size", batch_size)
         if self.batch_size < 1:
             raise OptionError(f"batch_size must be at least 1; got {self.batch_size}", "batch_size")
@@ -151,6 +153,11 @@ class Model:
             source.update(license=resolved.package.license, package=resolved.package.name)
             source.setdefault("variant", resolved.package.variant)
         return cls(dataclasses.replace(checkpoint, source=source), device, threads, batch_size, activations)
+
+    def thread_scope(self):
+        """A context in which this model's stages compute with its CPU threads (numba's and BLAS's, the latter
+        kept to one where its products run on numba's threads: Backend.blas_threads)."""
+        return backend_mod.threads(self.threads, self.backend.blas_threads())
 
     def check_options(self, language: str | None = None, word_timestamps: bool = False) -> None:
         """OptionError for what this model cannot do, before any audio is read: a language it was not trained
@@ -259,7 +266,7 @@ class Model:
         encodings = {} if options.word_timestamps else None
         # the prompt's text, tokenized once for every segment and held to its limit before any audio is read
         template = prompt.template(self.tokenizer, **options.prompt_options())
-        with self._lock, backend_mod.threads(self.threads):
+        with self._lock, self.thread_scope():
             with timer.stage("load_audio"):
                 wave = load_audio(audio, sample_rate, max_duration_s=max_duration_s)
             duration = len(wave) / SAMPLE_RATE

@@ -25,6 +25,18 @@ def linear(x, w, bias=None, relu=False):  # [..., in] @ W[out, in].T (+ b[out]),
     return y.reshape(*lead, y.shape[-1])
 
 
+def products(a, b, activations="exact"):  # a [..., m, K], b [..., n, K] -> a @ b.T over the last two axes
+    # [..., m, n]: attention's products, rows treated as the layer's weights say (nanoasr.backend.ACTIVATIONS)
+    return kernels_for(a).products(a, b, activations)
+
+
+def products_xp(a, b, activations):  # the array-module twin: BLAS on the operands as they are (bf16: rounded)
+    xp = array_module(a)
+    if activations == "bf16":
+        a, b = rows_bf16_xp(a), rows_bf16_xp(b)
+    return a @ xp.swapaxes(b, -1, -2)
+
+
 def add_bias_xp(y, bias, relu):  # y [n, out] (a fresh product, overwritten) -> y + bias, rectified if relu
     if bias is not None:
         y += bias
@@ -35,6 +47,13 @@ def add_bias_xp(y, bias, relu):  # y [n, out] (a fresh product, overwritten) -> 
 
 def stored_matmul_xp(rows, w: StoredTensor):  # [n, in] x dense stored W[out, in] -> [n, out]
     return rows @ widen_xp(w).T
+
+
+def rows_bf16_xp(x):  # float32 [..., k] -> float32 [..., k]: each value rounded to bf16 (to nearest, ties to
+    # even; finite values), as the AMX products round their operands
+    bits = array_module(x).ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32)
 
 
 def quantize_rows_xp(x):  # float32 [n, 32k] -> int8 [n, k, 32], float32 scales [n, k]: per 32-column block
@@ -194,12 +213,12 @@ def apply_rope_xp(x, cos, sin):  # the array-module twin of the kernel
     return x * cos[..., None, :] + rotated * sin[..., None, :]
 
 
-def attention(q, k, v, keep=None):  # q [B, h, n, d], k/v [B, h, m, d], keep [B, m] bool -> [B, h, n, d]
-    # Head-split views go to BLAS as they are (each head's rows are evenly strided), all heads in one call;
-    # the 1/sqrt(d) scale and the dropped keys are applied inside the softmax's passes.
+def attention(q, k, v, keep=None, activations="exact"):  # q [B, h, n, d], k/v [B, h, m, d], keep [B, m] bool
+    # -> [B, h, n, d]. Head-split views go to the products as they are (each head's rows are evenly strided),
+    # all heads in one call; the 1/sqrt(d) scale and the dropped keys are applied inside the softmax's passes.
     xp = array_module(q)
-    scores = q @ xp.swapaxes(k, -1, -2)  # [B, h, n, m]
-    return softmax_inplace(scores, q.shape[-1] ** -0.5, keep) @ v
+    scores = products(q, k, activations)  # [B, h, n, m]
+    return products(softmax_inplace(scores, q.shape[-1] ** -0.5, keep), xp.swapaxes(v, -1, -2), activations)
 
 
 def self_attention(h, w, prefix, heads, mask):  # [B, T, d_in], mask [B, T] -> attn [B, T, D], v [B, T, D]
@@ -208,7 +227,8 @@ def self_attention(h, w, prefix, heads, mask):  # [B, T, d_in], mask [B, T] -> a
     k = linear(h, w[prefix + "k_proj.weight"], w[prefix + "k_proj.bias"])
     v = linear(h, w[prefix + "v_proj.weight"], w[prefix + "v_proj.bias"])
     split = lambda x: x.reshape(b, t, heads, -1).transpose(0, 2, 1, 3)  # noqa: E731  [B, H, T, dh] views
-    out = attention(split(q), split(k), split(v), mask)  # [B, H, T, dh]
+    activations = getattr(w[prefix + "q_proj.weight"], "activations", "exact")  # the layer's products alike
+    out = attention(split(q), split(k), split(v), mask, activations)  # [B, H, T, dh]
     return out.transpose(0, 2, 1, 3).reshape(b, t, -1), v
 
 

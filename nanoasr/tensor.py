@@ -15,8 +15,9 @@ class StoredTensor:
 
     dense f32/f16: data has the logical shape and that numpy dtype; bf16: uint16 bits of the logical shape;
     q8_0/q4_k/q6_k: uint8 blocks of shape [rows, row_bytes] (GGUF's layout, rows = shape[0]).
-    activations: how a few-row product quantizes the rows it meets ("exact": float32; "int8": per
-    32-column block, see nanoasr.backend.ACTIVATIONS); the backend sets it when it places the weights.
+    activations: how a product treats the rows it meets ("exact": float32; "int8": quantized per 32-column
+    block in few-row products; "bf16": rounded to bf16; see nanoasr.backend.ACTIVATIONS); the backend sets
+    it when it places the weights.
     """
 
     data: np.ndarray

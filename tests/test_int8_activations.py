@@ -69,7 +69,7 @@ def test_without_an_integer_path_int8_falls_back_to_the_float_product(tiny_q8_0,
 
 
 def test_activations_option_is_checked(tiny_q8_0):
-    with pytest.raises(OptionError, match="activations must be one of exact, int8") as err:
+    with pytest.raises(OptionError, match="activations must be one of exact, int8, bf16") as err:
         Model(tiny_q8_0.checkpoint, activations="int4")
     assert err.value.field == "activations"
 

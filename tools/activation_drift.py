@@ -1,14 +1,16 @@
-"""Drift and speed of int8 activations against exact (float32) ones on block-quantized GGUFs.
+"""Drift and speed of int8 or bf16 activations against exact (float32) ones.
 
-    python tools/activation_drift.py MODEL.gguf [MODEL.gguf ...] [--tiny] [--rounds 5] [--report PATH]
+    python tools/activation_drift.py MODEL [MODEL ...] [--activations int8|bf16] [--tiny] [--rounds 5]
+                                     [--report PATH]
 
-Q8_0, Q4_K and Q6_K matrices take int8 rows.
-For each model (--tiny adds the committed tiny checkpoint converted to Q8_0): on speech-like clips
+int8: Q8_0, Q4_K and Q6_K matrices take int8 rows while decoding (MODEL: block-quantized GGUFs). bf16: BF16
+matrices and attention take bf16 rows (MODEL: BF16 checkpoints).
+For each model (--tiny adds the committed tiny checkpoint, converted to Q8_0 for int8): on speech-like clips
 (tools/synth.py), the exact path's greedy ids are decoded; both paths are then forced along them (teacher
 forcing, so one early difference does not cascade) and compared step by step: top-1 agreement and the mean
-KL(exact || int8) per token; each path's own greedy ids are compared as well. Speed: decode ms/token of the
-two paths on each model given (not the tiny one), in interleaved rounds (exact, int8, exact, int8, ...)
-after one prefill each; medians with min and max.
+KL(exact || other) per token; each path's own greedy ids are compared as well. Speed, on each model given
+(not the tiny one), in interleaved rounds (exact, other, exact, other, ...), medians with min and max: for
+int8 decode ms/token after one prefill each, for bf16 encoder + adaptor ms on 30 s (the products it changes).
 """
 from __future__ import annotations
 
@@ -40,16 +42,20 @@ def greedy(model, embeds, steps: int) -> list[int]:
                              ignore_stop=True)[0].ids
 
 
-def compare_clip(exact, int8, seconds: float, seed: int) -> dict:
+def compare_clip(exact, other, seconds: float, seed: int) -> dict:
     """Teacher-forced top-1 agreement and mean KL per token, and both paths' greedy ids, on one clip."""
     from tools.parity import stage_outputs, teacher_forced_logits
     from tools.synth import speech_like
 
-    embeds = stage_outputs(exact, speech_like(seconds, seed), "funasr", {})["embeds"]
-    ids = greedy(exact, embeds, STEPS)
-    p, q = (log_softmax(teacher_forced_logits(m, embeds, ids, STEPS)) for m in (exact, int8))
+    with exact.thread_scope():
+        embeds = stage_outputs(exact, speech_like(seconds, seed), "funasr", {})["embeds"]
+        ids = greedy(exact, embeds, STEPS)
+        p = log_softmax(teacher_forced_logits(exact, embeds, ids, STEPS))
+    with other.thread_scope():
+        own_embeds = stage_outputs(other, speech_like(seconds, seed), "funasr", {})["embeds"]
+        q = log_softmax(teacher_forced_logits(other, own_embeds, ids, STEPS))
+        own = greedy(other, own_embeds, STEPS)
     kl = (np.exp(p) * (p - q)).sum(axis=1)  # [steps]
-    own = greedy(int8, embeds, STEPS)
     first = next((i for i, (a, b) in enumerate(zip(ids, own)) if a != b), None)
     return {"clip": f"{seconds:g} s seed {seed}", "top1": float((p.argmax(1) == q.argmax(1)).mean()),
             "kl": float(kl.mean()), "kl_max": float(kl.max()), "greedy_equal": ids == own,
@@ -68,26 +74,41 @@ def decode_ms(model, embeds, steps: int) -> float:
     return (time.perf_counter() - start) * 1e3 / steps
 
 
-def speed(exact, int8, rounds: int, steps: int) -> dict:
-    """Interleaved rounds on a 10 s clip: {path: [ms/token per round]}."""
+def audio_ms(model, feats, mask) -> float:
+    """ms of the encoder and adaptor over the features given."""
+    start = time.perf_counter()
+    model.adapt(model.encode(feats, mask), mask, "funasr")
+    return (time.perf_counter() - start) * 1e3
+
+
+def speed(exact, other, rounds: int, steps: int) -> dict:
+    """Interleaved rounds, {path: [ms per round]}: int8, decode ms/token after a 10 s clip's prompt; bf16,
+    encoder + adaptor on 30 s."""
     from tools.parity import stage_outputs
     from tools.synth import speech_like
 
-    embeds = stage_outputs(exact, speech_like(10.0, 2), "funasr", {})["embeds"]
-    times = {"exact": [], "int8": []}
+    name = other.backend.activations
+    if name == "int8":
+        embeds = stage_outputs(exact, speech_like(10.0, 2), "funasr", {})["embeds"]
+        measure = lambda model: decode_ms(model, embeds, steps)  # noqa: E731
+    else:
+        feats, mask = exact.features([speech_like(30.0, 2)], "funasr")
+        measure = lambda model: audio_ms(model, feats, mask)  # noqa: E731
+    times = {"exact": [], name: []}
+    for model in (exact, other):  # compiled and warm
+        with model.thread_scope():
+            measure(model)
     for _ in range(rounds):
-        for name, model in (("exact", exact), ("int8", int8)):
-            times[name].append(decode_ms(model, embeds, steps))
+        for model in (exact, other):
+            with model.thread_scope():
+                times[model.backend.activations].append(measure(model))
     return times
 
 
-def tiny_q8_0(work: Path) -> Path:
-    """The committed tiny checkpoint converted to a Q8_0 GGUF under work."""
+def tiny_checkpoint(work: Path) -> Path:
+    """The committed tiny (BF16) checkpoint as a directory under work."""
     import gzip
     import shutil
-
-    from nanoasr import convert
-    from nanoasr.model.load import load_checkpoint
 
     src, out = ROOT / "tests" / "fixtures" / "tiny", work / "tiny"
     out.mkdir()
@@ -96,18 +117,29 @@ def tiny_q8_0(work: Path) -> Path:
             (out / "tokenizer.json").write_bytes(gzip.decompress(f.read_bytes()))
         elif f.is_file():
             shutil.copy(f, out / f.name)
+    return out
+
+
+def tiny_q8_0(work: Path) -> Path:
+    """The committed tiny checkpoint converted to a Q8_0 GGUF under work."""
+    from nanoasr import convert
+    from nanoasr.model.load import load_checkpoint
+
     path = work / "tiny-q8_0.gguf"
-    convert.write(path, load_checkpoint(out), "q8_0", report=False, progress=None)
+    convert.write(path, load_checkpoint(tiny_checkpoint(work)), "q8_0", report=False, progress=None)
     return path
 
 
 def report(results: dict, times: dict, args, cpu: str) -> str:
     """The markdown report."""
-    lines = ["# Int8 activations against exact ones (block-quantized weights)", "",
+    other = args.activations
+    title = {"int8": "Int8 activations against exact ones (block-quantized weights)",
+             "bf16": "bf16 activations against exact ones (BF16 weights)"}[other]
+    lines = [f"# {title}", "",
              f"Produced by `python tools/activation_drift.py {' '.join(sys.argv[1:])}` on {cpu}, "
              f"{args.threads} threads (a machine shared with other work: absolute times vary between runs, "
              "the ratio is within one run).", "",
-             f"Teacher-forced over {STEPS} steps along the exact path's greedy ids; KL(exact || int8) per "
+             f"Teacher-forced over {STEPS} steps along the exact path's greedy ids; KL(exact || {other}) per "
              "token in nats; greedy: each path decoding on its own.", "",
              "| model | clip | top-1 agreement | mean KL | max KL | greedy ids |",
              "|---|---|---|---|---|---|"]
@@ -117,13 +149,14 @@ def report(results: dict, times: dict, args, cpu: str) -> str:
             lines.append(f"| {name} | {r['clip']} | {r['top1']:.4f} | {r['kl']:.2e} | {r['kl_max']:.2e} "
                          f"| {same} |")
     if times:
-        lines += ["", f"Decode ms/token, 10 s clip, {args.steps} steps a round, {args.rounds} interleaved "
-                  "rounds (exact, int8, ...) per model:", "",
-                  "| model | path | median | min | max | int8 / exact (medians) |",
+        what = (f"Decode ms/token, 10 s clip, {args.steps} steps a round" if other == "int8"
+                else "Encoder + adaptor ms, 30 s clip")
+        lines += ["", f"{what}, {args.rounds} interleaved rounds (exact, {other}, ...) per model:", "",
+                  f"| model | path | median | min | max | {other} / exact (medians) |",
                   "|---|---|---|---|---|---|"]
         for name, paths in times.items():
             med = {k: float(np.median(v)) for k, v in paths.items()}
-            ratio = {"exact": "", "int8": f"{med['int8'] / med['exact']:.3f}"}
+            ratio = {"exact": "", other: f"{med[other] / med['exact']:.3f}"}
             lines += [f"| {name} | {k} | {med[k]:.1f} | {min(v):.1f} | {max(v):.1f} | {ratio[k]} |"
                       for k, v in paths.items()]
     return "\n".join(lines) + "\n"
@@ -131,8 +164,9 @@ def report(results: dict, times: dict, args, cpu: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", type=Path, help="Q8_0 GGUF files")
-    parser.add_argument("--tiny", action="store_true", help="also the tiny fixture converted to Q8_0")
+    parser.add_argument("models", nargs="*", type=Path, help="GGUF files (int8) or BF16 checkpoints (bf16)")
+    parser.add_argument("--activations", choices=("int8", "bf16"), default="int8")
+    parser.add_argument("--tiny", action="store_true", help="also the tiny fixture (as Q8_0 for int8)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5, help="speed rounds per path (0: no speed figures)")
     parser.add_argument("--steps", type=int, default=32, help="decode steps per speed round")
@@ -140,20 +174,23 @@ def main() -> int:
     args = parser.parse_args()
     import llvmlite.binding as llvm
 
-    from nanoasr import backend
     from nanoasr.api import Model
+    from nanoasr.kernels import amx
     from nanoasr.kernels.int8_dot import host_path
 
-    cpu = f"{llvm.get_host_cpu_name()} (integer path: {host_path()})"
-    with tempfile.TemporaryDirectory() as work, backend.threads(args.threads):
-        paths = ([tiny_q8_0(Path(work))] if args.tiny else []) + args.models
+    runs_on = (f"integer path: {host_path()}" if args.activations == "int8"
+               else f"AMX tiles: {amx.available()}")
+    cpu = f"{llvm.get_host_cpu_name()} ({runs_on})"
+    with tempfile.TemporaryDirectory() as work:
+        tiny = (tiny_q8_0(Path(work)) if args.activations == "int8" else tiny_checkpoint(Path(work)))
+        paths = ([tiny] if args.tiny else []) + args.models
         results, times = {}, {}
         for path in paths:
             exact = Model.load(str(path), threads=args.threads)
-            int8 = Model(exact.checkpoint, "cpu", args.threads, activations="int8")
-            results[path.name] = [compare_clip(exact, int8, s, seed) for s, seed in CLIPS]
+            other = Model(exact.checkpoint, "cpu", args.threads, activations=args.activations)
+            results[path.name] = [compare_clip(exact, other, s, seed) for s, seed in CLIPS]
             if path in args.models and args.rounds:
-                times[path.name] = speed(exact, int8, args.rounds, args.steps)
+                times[path.name] = speed(exact, other, args.rounds, args.steps)
     text = report(results, times, args, cpu)
     print(text)
     if args.report:

@@ -2,7 +2,7 @@
 
     python tools/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
                           [--llama-gguf qwen3.gguf] [--seconds 10] [--tokens 40] [--long-seconds 600]
-                          [--threads 2] [--device cpu|cuda] [--activations exact|int8] [--rounds 3]
+                          [--threads 2] [--device cpu|cuda] [--activations exact|int8|bf16] [--rounds 3]
                           [--json out.json] [--report docs/reports/performance.md]  (appends a dated section)
 
 Each configuration runs in its own process (so peak RSS is its own), with OPENBLAS_CORETYPE and
@@ -109,7 +109,7 @@ def step_times(model) -> dict:
     out = {}
     for context, batch in ((64, 1), (64, 8), (512, 1)):
         session = decoder.Session(model.weights, cfg, rows=batch)
-        with backend.threads(model.threads):
+        with model.thread_scope():
             for _ in range(batch):
                 embeds = rng.standard_normal((context, cfg.hidden_size)).astype(np.float32)
                 session.prefill(xp.asarray(embeds), room=40)
@@ -124,7 +124,7 @@ def step_times(model) -> dict:
     def prefill_together():  # eight prompts in one forward, as segments that start together are
         decoder.Session(model.weights, cfg, rows=8).prefill_many([x] * 8, [4] * 8)
         synchronize(model)
-    with backend.threads(model.threads):
+    with model.thread_scope():
         prefill_together()
         out["prefill196_x8_ms_each"] = median_ms(prefill_together, 3) / 8
     return out
@@ -158,7 +158,6 @@ def stage_times(model, threads: int) -> dict:
     import numpy as np
     from threadpoolctl import threadpool_limits
 
-    from nanoasr import backend
     from nanoasr.model import decoder
     from tools.synth import speech_like
 
@@ -167,7 +166,7 @@ def stage_times(model, threads: int) -> dict:
     with threadpool_limits(limits=1):
         model.features([minute], "funasr")
         out["frontend_60s_1thread_ms"] = median_ms(lambda: model.features([minute], "funasr"), 3)
-    with backend.threads(model.threads):
+    with model.thread_scope():
         feats, mask = model.features([minute[:30 * 16000]], "funasr")
 
         def audio():
@@ -496,7 +495,7 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where nanoasr runs")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every configuration")
     parser.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))
-    parser.add_argument("--activations", default="exact", choices=("exact", "int8"),
+    parser.add_argument("--activations", default="exact", choices=("exact", "int8", "bf16"),
                         help="nanoasr's rows against block-quantized weights in decoding: float32 or int8")
     parser.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="write the results here")

@@ -29,7 +29,6 @@ STEPS, SECONDS = 64, 10
 def child(model_path: str, out_prefix: str, forced: str | None) -> dict:
     import numpy as np
 
-    from nanoasr import backend
     from nanoasr.api import Model
     from tools.synth import speech_like
     from tools.parity import stage_outputs, teacher_forced_logits
@@ -37,7 +36,7 @@ def child(model_path: str, out_prefix: str, forced: str | None) -> dict:
     start = time.perf_counter()
     model = Model.load(model_path, threads=2)
     load_s = time.perf_counter() - start
-    with backend.threads(model.threads):
+    with model.thread_scope():
         ours = stage_outputs(model, speech_like(SECONDS, 3), "funasr", {})
         if forced is None:  # the BF16 path chooses the ids everyone is forced along
             from nanoasr.model import generate

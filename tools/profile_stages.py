@@ -28,7 +28,6 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 import nanoasr.ops  # noqa: E402
-from nanoasr import backend  # noqa: E402
 from nanoasr.api import Model  # noqa: E402
 from nanoasr.model import decoder  # noqa: E402
 from tools.synth import speech_like  # noqa: E402
@@ -72,7 +71,7 @@ def main() -> int:
     model.transcribe(wave, sample_rate=16000, max_new_tokens=args.steps, ignore_stop=True)  # compiles
     timings = model.transcribe(wave, sample_rate=16000, max_new_tokens=args.steps, ignore_stop=True).timings
     print("transcribe 30 s, ms per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
-    with backend.threads(model.threads):
+    with model.thread_scope():
         feats, mask = model.features([wave], "funasr")
         profiled("encoder + adaptor, 30 s", lambda: model.adapt(model.encode(feats, mask), mask, "funasr"),
                  args.top)

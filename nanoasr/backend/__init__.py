@@ -25,8 +25,10 @@ from nanoasr.errors import OptionError
 DEVICES = ("auto", "cpu", "cuda")
 # How a product treats the rows it multiplies into block-quantized weights: "exact" keeps them float32 (the
 # parity reference); "int8" quantizes them per 32-column block and sums int8 products in int32, as ggml does
-# (CPU, Q8_0/Q4_K/Q6_K weights, where the CPU has AVX2 or AVX512-VNNI; elsewhere the float path).
-ACTIVATIONS = ("exact", "int8")
+# (CPU, Q8_0/Q4_K/Q6_K weights, where the CPU has AVX2 or AVX512-VNNI; elsewhere the float path); "bf16"
+# rounds them to bf16 against BF16 weights, as Transformers' bf16 profile does, with float32 sums (CPU; many
+# rows run on AMX tiles where the CPU has them).
+ACTIVATIONS = ("exact", "int8", "bf16")
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class Kernels:
     mask_inplace: Callable
     stored_matmul: Callable
     take_rows: Callable
+    products: Callable
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,12 @@ class Backend:
         float32 once, matrices in their stored type where the kernels read it (marked with the activations
         their products use)."""
         return self._table.place(tensors, vectors, self.activations)
+
+    def blas_threads(self) -> int | None:
+        """The BLAS threads this backend's products want (None: as many as the call allows). Where numba's
+        threads run every large product, BLAS is kept to the calling thread: its own threads spin for a
+        while after each call, on the cores numba's threads need."""
+        return self._table.blas_threads(self.activations)
 
 
 CPU = Backend("cpu", np, "nanoasr.backend.cpu")
@@ -178,19 +187,20 @@ def to_numpy(x) -> np.ndarray:
 
 
 @contextmanager
-def threads(n: int | None):
+def threads(n: int | None, blas: int | None = None):
     """At most n threads in numba's kernels and in BLAS inside the block (the host's pools; None: as they
-    are)."""
-    if n is None:
+    are), and at most `blas` in BLAS alone when given (see Backend.blas_threads)."""
+    if n is None and blas is None:
         yield
         return
     import numba  # here, not at the top: importing nanoasr does not load numba
     from threadpoolctl import threadpool_limits
 
     previous = numba.get_num_threads()
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    if n is not None:
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     try:
-        with threadpool_limits(limits=n):
+        with threadpool_limits(limits=n), threadpool_limits(limits=blas, user_api="blas"):
             yield
     finally:
         numba.set_num_threads(previous)

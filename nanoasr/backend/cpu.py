@@ -9,7 +9,7 @@ import numpy as np
 
 from nanoasr import ops
 from nanoasr.backend import Kernels
-from nanoasr.kernels import attention, cpu, elementwise, softmax
+from nanoasr.kernels import amx, attention, cpu, elementwise, softmax
 from nanoasr.kernels.int8_dot import host_path
 from nanoasr.tensor import StoredTensor, take_rows, widen
 
@@ -76,6 +76,10 @@ def mask_inplace(scores, keep):  # nothing to mask (an unpadded batch) is seen o
 def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, out]
     out_features, in_features = w.shape
     x = np.ascontiguousarray(rows, dtype=np.float32)
+    if w.activations == "bf16":
+        if len(x) > FUSED_ROWS and amx.available():
+            return amx.products(x, amx.weight_rows(w.data), np.empty((len(x), out_features), np.float32))
+        x = ops.rows_bf16_xp(x)  # the same rows for the float products below
     if len(x) <= FUSED_ROWS:
         out = np.empty((len(x), out_features), np.float32)
         if w.activations == "int8" and host_path() is not None:
@@ -87,6 +91,11 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
     return x @ wide.T
 
 
+def blas_threads(activations: str) -> int | None:
+    """1 where the AMX tiles run the large products (bf16 activations), else as many as allowed."""
+    return 1 if activations == "bf16" and amx.available() else None
+
+
 def _widen_buffer(rows: int, cols: int) -> np.ndarray:
     """A float32 [rows, cols] view of this thread's reused buffer (one matrix widened at a time)."""
     size = rows * cols
@@ -96,17 +105,25 @@ def _widen_buffer(rows: int, cols: int) -> np.ndarray:
     return buf[:size].reshape(rows, cols)
 
 
+def products(a, b, activations):  # a [..., m, K] @ b[..., n, K].T; bf16 rows on AMX tiles where there are any
+    rounded = activations == "bf16" and amx.available()
+    if rounded and a.dtype == b.dtype == np.float32 and a.ndim == b.ndim and a.shape[:-2] == b.shape[:-2]:
+        return amx.products(a, amx.bf16_rows(b), np.empty(a.shape[:-1] + b.shape[-2:-1], np.float32))
+    return ops.products_xp(a, b, activations)
+
+
 KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
                   softmax_inplace=softmax_inplace, swiglu=swiglu, apply_rope=apply_rope, fsmn=fsmn,
                   decode_attention=decode_attention, mask_inplace=mask_inplace,
-                  stored_matmul=stored_matmul, take_rows=take_rows)
+                  stored_matmul=stored_matmul, take_rows=take_rows, products=products)
 
 
 def place(tensors: dict, vectors: set[str], activations: str = "exact") -> dict:
     """Matrices stay in their stored type, float32 ones too, so that decoding streams them through the same
     kernels; vectors are widened once. With int8 activations, the block-quantized matrices (Q8_0, Q4_K,
-    Q6_K) are marked for the integer product."""
+    Q6_K) are marked for the integer product; with bf16 activations, the BF16 matrices."""
     def matrix(t):
-        integer = activations == "int8" and t.dtype in cpu.MATVEC_INT8_KINDS
-        return dataclasses.replace(t, activations="int8") if integer else t
+        marked = (activations == "int8" and t.dtype in cpu.MATVEC_INT8_KINDS
+                  or activations == "bf16" and t.dtype == "bf16")
+        return dataclasses.replace(t, activations=activations) if marked else t
     return {name: widen(t) if name in vectors else matrix(t) for name, t in tensors.items()}

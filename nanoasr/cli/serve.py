@@ -41,8 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     parser.add_argument("--threads", type=positive(int), default=None, help="CPU threads")
     parser.add_argument("--activations", default="exact", choices=ACTIVATIONS,
-                        help="exact: float32 rows in every product; int8: rows quantized per block against "
-                             "Q8_0/Q4_K/Q6_K weights in decoding, as llama.cpp does (AVX2 or AVX512-VNNI)")
+                        help="exact: float32 rows in every product; int8: rows quantized per block "
+                             "against Q8_0/Q4_K/Q6_K weights in decoding, as llama.cpp does (AVX2 or "
+                             "AVX512-VNNI); bf16: rows rounded to bf16 against BF16 weights and in "
+                             "attention, as Transformers' bf16 does (AMX tiles where the CPU has them)")
     return parser
 
 

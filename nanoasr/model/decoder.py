@@ -14,8 +14,8 @@ import numpy as np
 
 from nanoasr.backend import array_module
 from nanoasr.model.config import TextConfig
-from nanoasr.ops import (apply_rope, decode_attention, linear, mask_inplace, rms_norm, rope_inv_freq,
-                         rope_tables, softmax_inplace, swiglu, take_rows)
+from nanoasr.ops import (apply_rope, decode_attention, linear, mask_inplace, products, rms_norm,
+                         rope_inv_freq, rope_tables, softmax_inplace, swiglu, take_rows)
 from nanoasr.tensor import StoredTensor
 
 P = "model.language_model."
@@ -95,8 +95,8 @@ def _score_blocks(b, kv_heads, group, n, m):  # -> (kv heads, query rows) per bl
     return 1, max(1, PREFILL_SCORE_BYTES // (4 * b * group * m))
 
 
-def _prefill_attention(q, keys, values, positions, group):  # q [B, n, heads, hd], keys/values [B, kvh, m, hd]
-    # (the cache up to the last query), positions [B, n] of the queries -> [B, n, heads*hd]
+def _prefill_attention(q, keys, values, positions, group, activations):  # q [B, n, heads, hd], keys/values
+    # [B, kvh, m, hd] (the cache up to the last query), positions [B, n] of the queries -> [B, n, heads*hd]
     xp = array_module(q)
     b, n, _, hd = q.shape
     kvh, m = keys.shape[1], keys.shape[2]
@@ -110,18 +110,19 @@ def _prefill_attention(q, keys, values, positions, group):  # q [B, n, heads, hd
         for r in range(0, n, rows):
             keep = key_positions <= positions[:, r:r + rows, None]  # [B, rows, m]: causal + per-row length
             kv, qs = slice(h, h + heads), slice(r, r + rows)
-            out[:, qs, kv] = _attend_block(q[:, kv, :, qs], keys[:, kv], values[:, kv], keep)
+            out[:, qs, kv] = _attend_block(q[:, kv, :, qs], keys[:, kv], values[:, kv], keep, activations)
     return out.reshape(b, n, -1)
 
 
-def _attend_block(q, keys, values, keep):  # q [B, h, g, c, hd], keys/values [B, h, m, hd], keep [B, c, m]
-    # -> [B, c, h, g, hd] (a view)
+def _attend_block(q, keys, values, keep, activations):  # q [B, h, g, c, hd], keys/values [B, h, m, hd], keep
+    # [B, c, m] -> [B, c, h, g, hd] (a view)
     xp = array_module(q)
     b, h, g, c, hd = q.shape
     m = keys.shape[2]
-    scores = (q.reshape(b, h, g * c, hd) @ xp.swapaxes(keys, -1, -2)).reshape(b, h, g, c, m)
+    scores = products(q.reshape(b, h, g * c, hd), keys, activations).reshape(b, h, g, c, m)
     probs = softmax_inplace(mask_inplace(scores, keep[:, None, None]))
-    return (probs.reshape(b, h, g * c, m) @ values).reshape(b, h, g, c, hd).transpose(0, 3, 1, 2, 4)
+    attended = products(probs.reshape(b, h, g * c, m), xp.swapaxes(values, -1, -2), activations)
+    return attended.reshape(b, h, g, c, hd).transpose(0, 3, 1, 2, 4)
 
 
 def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, rope, positions):  # [B, n, H]
@@ -141,7 +142,8 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
         attn = decode_attention(q, cache.k[i, rows], cache.v[i, rows], start + 1).reshape(b, 1, -1)
     else:
         m = int(start.max()) + n  # keys up to the last query's position
-        attn = _prefill_attention(q, cache.k[i, rows, :, :m], cache.v[i, rows, :, :m], positions, group)
+        attn = _prefill_attention(q, cache.k[i, rows, :, :m], cache.v[i, rows, :, :m], positions, group,
+                                  w[p + "self_attn.q_proj.weight"].activations)
     x = x + linear(attn, w[p + "self_attn.o_proj.weight"])
     h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
     gated = swiglu(linear(h, w[p + "mlp.gate_proj.weight"]), linear(h, w[p + "mlp.up_proj.weight"]))

@@ -1,0 +1,186 @@
+"""bf16 activations: rows rounded to bf16 (as torch rounds them) times BF16 weights, and attention's operands
+likewise in the many-row forwards, with float32 sums: on AMX tiles where this CPU has them
+(nanoasr/kernels/amx.py), else BLAS on the rounded operands (nanoasr.ops.products_xp). The same tests run on
+either path; each checks which one ran."""
+import numpy as np
+import pytest
+
+from nanoasr import ops
+from nanoasr.api import Model
+from nanoasr.backend import CPU, with_activations
+from nanoasr.backend import cpu as cpu_backend
+from nanoasr.cli import serve, transcribe
+from nanoasr.kernels import amx
+from nanoasr.tensor import StoredTensor
+from tools.parity import stage_outputs, teacher_forced_logits
+from tools.synth import speech_like
+
+torch = pytest.importorskip("torch")
+
+
+def torch_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 -> the float32 value of torch's bf16 rounding (to nearest, ties to even)."""
+    return torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16).to(torch.float32).numpy()
+
+
+def rounded64(a: np.ndarray) -> np.ndarray:
+    return torch_bf16(a).astype(np.float64)
+
+
+def accumulation_bound(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """float32 rounding of a sum of K products: (K + 2) units of 2^-24 of the sum of their magnitudes."""
+    k = x.shape[-1]
+    return (k + 2) * 2.0 ** -24 * (np.abs(rounded64(x)) @ np.swapaxes(np.abs(rounded64(y)), -1, -2))
+
+
+def counting_tile_calls(monkeypatch) -> list:
+    calls, real = [], amx.products
+
+    def spy(x, w, out):
+        calls.append(x.shape)
+        return real(x, w, out)
+    monkeypatch.setattr(amx, "products", spy)
+    return calls
+
+
+def test_rows_round_to_bf16_as_torch_does():
+    """Halfway cases both ways (ties to even), values rounding up into the next binade, and random values."""
+    rng = np.random.default_rng(0)
+    high = rng.integers(0, 0x7F00, 4096).astype(np.uint32) << 16
+    halfway = (high | 0x8000).view(np.float32)
+    above = (high | 0x8001).view(np.float32)
+    carry = (np.uint32(0x3F7FFFFF) - rng.integers(0, 0x7FFF, 64).astype(np.uint32)).view(np.float32)
+    x = np.concatenate([halfway, -halfway, above, carry, rng.standard_normal(4096).astype(np.float32)])
+    assert np.array_equal(ops.rows_bf16_xp(x[None]), torch_bf16(x[None]))
+    bits = amx.bf16_rows(np.tile(x, (3, 1)))[0, 0]  # the numba rounding, padded to multiples of 32
+    assert bits.shape == (32, -(-len(x) // 32) * 32) and not bits[3:].any() and not bits[:, len(x):].any()
+    assert np.array_equal((bits[:3, :len(x)].astype(np.uint32) << 16).view(np.float32),
+                          np.tile(torch_bf16(x), (3, 1)))
+
+
+def test_weight_rows_pad_only_what_the_tiles_cannot_take():
+    fits = np.arange(64 * 96, dtype=np.uint16).reshape(64, 96)
+    assert amx.weight_rows(fits) is fits
+    odd = fits[:40, :70].copy()
+    padded = amx.weight_rows(odd)
+    assert padded.shape == (64, 96) and np.array_equal(padded[:40, :70], odd)
+    assert not padded[40:].any() and not padded[:, 70:].any()
+
+
+@pytest.mark.parametrize("xs, ys", [
+    ((37, 64), (64, 64)), ((300, 560), (96, 560)), ((45, 100), (70, 100)), ((2, 3, 17, 33), (2, 3, 40, 33)),
+    ((1, 2, 70, 128), (1, 2, 50, 128))])
+def test_bf16_products_are_the_products_of_the_rounded_operands(xs, ys, monkeypatch):
+    """Within float32 accumulation of the rounded operands' float64 product; the unrounded product is not
+    (so the bound tells bf16 rows from float32 ones)."""
+    rng = np.random.default_rng(sum(xs) + sum(ys))
+    x, y = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ys).astype(np.float32)
+    calls = counting_tile_calls(monkeypatch)
+    got = cpu_backend.products(x, y, "bf16")
+    want = rounded64(x) @ np.swapaxes(rounded64(y), -1, -2)
+    bound = accumulation_bound(x, y)
+    assert got.shape == want.shape and np.all(np.abs(got - want) <= bound)
+    unrounded = x.astype(np.float64) @ np.swapaxes(y.astype(np.float64), -1, -2)
+    assert not np.all(np.abs(unrounded - want) <= bound)
+    assert len(calls) == amx.available()
+
+
+def test_head_split_views_go_in_as_they_are(monkeypatch):
+    """Attention's operands: heads split from [B, T, H*d] rows by a transposing view, and values swapped."""
+    rng = np.random.default_rng(3)
+    rows = [rng.standard_normal((2, 70, 256)).astype(np.float32) for _ in range(3)]
+    q, k, v = (r.reshape(2, 70, 2, 128).transpose(0, 2, 1, 3) for r in rows)
+    calls = counting_tile_calls(monkeypatch)
+    scores = cpu_backend.products(q, k, "bf16")
+    want = rounded64(q) @ np.swapaxes(rounded64(k), -1, -2)
+    assert np.all(np.abs(scores - want) <= accumulation_bound(q, k))
+    p = rng.random((2, 2, 70, 70), dtype=np.float32)
+    vt = np.swapaxes(v, -1, -2)
+    attended = cpu_backend.products(p, vt, "bf16")
+    assert np.all(np.abs(attended - rounded64(p) @ np.swapaxes(rounded64(vt), -1, -2))
+                  <= accumulation_bound(p, vt))
+    assert len(calls) == 2 * amx.available()
+
+
+@pytest.mark.parametrize("n", [3, 37])
+def test_stored_bf16_matrices_meet_rounded_rows(n, monkeypatch):
+    """Few rows (the streamed product on rounded rows) and many (the tiles, or BLAS on rounded rows); a width
+    of 560 columns is not a whole number of tile steps."""
+    rng = np.random.default_rng(n)
+    w = rng.standard_normal((80, 560)).astype(np.float32) * np.float32(0.05)
+    bits = (torch_bf16(w).view(np.uint32) >> 16).astype(np.uint16)
+    stored = StoredTensor(bits, "bf16", (80, 560), activations="bf16")
+    x = rng.standard_normal((n, 560)).astype(np.float32)
+    calls = counting_tile_calls(monkeypatch)
+    got = cpu_backend.stored_matmul(x, stored)
+    wide = torch_bf16(w)
+    assert np.all(np.abs(got - rounded64(x) @ wide.T.astype(np.float64)) <= accumulation_bound(x, wide))
+    assert len(calls) == (n > cpu_backend.FUSED_ROWS and amx.available())
+    exact = cpu_backend.stored_matmul(x, StoredTensor(bits, "bf16", (80, 560)))
+    assert not np.array_equal(got, exact)
+
+
+def test_tiles_refuse_mismatched_operands_and_a_process_without_them(monkeypatch):
+    x, out = np.zeros((4, 64), np.float32), np.zeros((4, 40), np.float32)
+    with pytest.raises(ValueError, match="AMX products take"):
+        amx.products(x, np.zeros((32, 64), np.uint16), out)  # out has more columns than W has rows
+    with pytest.raises(ValueError, match="AMX products take"):
+        amx.products(x, np.zeros((64, 96), np.uint16), out)  # W wider than x by a whole tile step
+    monkeypatch.setattr(amx, "available", lambda: False)
+    with pytest.raises(RuntimeError, match="cannot run AMX tiles"):
+        amx.products(x, np.zeros((64, 64), np.uint16), out)
+
+
+def test_tiles_need_the_cpu_features(monkeypatch):
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features()
+    without = {k: v for k, v in features.items() if not k.startswith("amx")}
+    monkeypatch.setattr(llvm, "get_host_cpu_features", lambda: without)
+    amx.available.cache_clear()
+    try:
+        assert amx.available() is False
+    finally:
+        amx.available.cache_clear()
+
+
+def test_bf16_activations_mark_the_bf16_matrices_only():
+    kinds = {"q8_0": (34, 32), "f16": (2, 1), "f32": (4, 1), "bf16": (2, 1)}
+    dtypes = {"q8_0": np.uint8, "f16": np.float16, "f32": np.float32, "bf16": np.uint16}
+    tensors = {k: StoredTensor(np.zeros((2, n // dtypes[k]().itemsize), dtypes[k]), k, (2, per))
+               for k, (n, per) in kinds.items()}
+    placed = with_activations(CPU, "bf16").place(tensors, set())
+    assert {k: t.activations for k, t in placed.items()} == {
+        "q8_0": "exact", "f16": "exact", "f32": "exact", "bf16": "bf16"}
+    assert with_activations(CPU, "bf16").blas_threads() == (1 if amx.available() else None)
+    assert CPU.blas_threads() is None
+
+
+def forced_logits(model, steps=6):
+    embeds = stage_outputs(model, speech_like(2.0, 5), "funasr", {})["embeds"]
+    return teacher_forced_logits(model, embeds, list(range(100, 100 + steps)), steps)
+
+
+def test_bf16_activations_reach_every_large_product(tiny_model, monkeypatch):
+    """The tiny BF16 checkpoint: encoder, adaptor and prefill products (weights and attention) on the tiles
+    where the CPU has them. The logits move off the exact ones, by a few bf16 units (2^-8 relative) of their
+    scale at most, on the tiles and on BLAS alike (the two differ by as much: a last-bit difference in a
+    float32 sum can move a later bf16 rounding by a unit)."""
+    bf16 = Model(tiny_model.checkpoint, activations="bf16")
+    assert {t.activations for t in bf16.weights.values() if isinstance(t, StoredTensor)} == {"bf16"}
+    calls = counting_tile_calls(monkeypatch)
+    exact = forced_logits(tiny_model)
+    assert calls == []
+    got = forced_logits(bf16)
+    assert (len(calls) > 0) == amx.available()
+    monkeypatch.setattr(amx, "available", lambda: False)
+    blas = forced_logits(Model(tiny_model.checkpoint, activations="bf16"))
+    scale = np.abs(exact).max()
+    for logits in (got, blas):
+        assert not np.array_equal(logits, exact) and np.abs(logits - exact).max() <= 8 * 2.0 ** -8 * scale
+
+
+@pytest.mark.parametrize("parser", [transcribe.build_parser, serve.build_parser])
+def test_commands_take_bf16_activations(parser):
+    argv = ["a.wav"] if parser is transcribe.build_parser else []
+    assert parser().parse_args(argv + ["--activations", "bf16"]).activations == "bf16"
