@@ -149,11 +149,14 @@ def test_bf16_activations_mark_the_bf16_matrices_only():
     dtypes = {"q8_0": np.uint8, "f16": np.float16, "f32": np.float32, "bf16": np.uint16}
     tensors = {k: StoredTensor(np.zeros((2, n // dtypes[k]().itemsize), dtypes[k]), k, (2, per))
                for k, (n, per) in kinds.items()}
-    placed = with_activations(CPU, "bf16").place(tensors, set())
+    bf16 = with_activations(CPU, "bf16")
+    placed = bf16.place(tensors, set())
     assert {k: t.activations for k, t in placed.items()} == {
         "q8_0": "exact", "f16": "exact", "f32": "exact", "bf16": "bf16"}
-    assert with_activations(CPU, "bf16").blas_threads() == (1 if amx.available() else None)
-    assert CPU.blas_threads() is None
+    assert bf16.blas_threads(placed) == (1 if amx.available() else None)
+    without_bf16 = {k: t for k, t in tensors.items() if k != "bf16"}
+    assert bf16.blas_threads(bf16.place(without_bf16, set())) is None
+    assert CPU.blas_threads(CPU.place(tensors, set())) is None
 
 
 def forced_logits(model, steps=6):

@@ -9,7 +9,10 @@ multiplies with BLAS. For each shape, row count and stored type this times, in m
               have to beat (the same arithmetic; it would read 1-2 bytes a weight instead of 4, which
               matters little where the product runs near the arithmetic peak);
   tiled       widening 128 weight rows at a time into a buffer that stays in cache, each followed by its
-              BLAS product (the widened copy is never written to memory).
+              BLAS product (the widened copy is never written to memory);
+  AMX bf16    (BF16 weights, on CPUs with AMX) the product with bf16 activations: rows rounded to bf16,
+              AMX tiles reading the stored matrix (kernels/amx.py), BLAS kept to one thread as the model
+              keeps it (first, after a pause: BLAS's threads spin for a while after the previous shape).
 The weights come from distinct copies of the matrix that overflow the last-level cache, as in a forward pass.
 Rows: 167 and 500 are the encoder's frames for 10 s and 30 s, 196 a prefill, 1568 eight prefills together.
 Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as users' machines have them.
@@ -29,10 +32,12 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 
+import time  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 from nanoasr.backend import cpu as cpu_backend  # noqa: E402
-from nanoasr.kernels import cpu  # noqa: E402
+from nanoasr.kernels import amx, cpu  # noqa: E402
 from nanoasr.tensor import StoredTensor  # noqa: E402
 from tools.kernel_bench import COLD_BYTES, stored_matrix  # noqa: E402
 
@@ -69,9 +74,17 @@ def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict
     wides = [wide] + [wide.copy() for _ in range(max(0, COLD_BYTES // wide.nbytes - 1))]
     x = rng.standard_normal((n, cols), np.float32)
     out, tile = np.empty((n, rows), np.float32), np.empty((TILE_ROWS, cols), np.float32)
-    ms = {"widen+BLAS": per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), stored, reps),
-          "BLAS f32": per_call_ms(lambda w: x @ w.T, wides, reps),
-          "tiled": per_call_ms(lambda w: tiled(x, w, out, tile), stored, reps)}
+    ms = {}
+    if dtype == "bf16" and amx.available():
+        from threadpoolctl import threadpool_limits
+
+        rounded = [StoredTensor(c, dtype, (rows, cols), activations="bf16") for c in copies]
+        time.sleep(0.3)
+        with threadpool_limits(limits=1, user_api="blas"):
+            ms["AMX bf16"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), rounded, reps)
+    ms["widen+BLAS"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), stored, reps)
+    ms["BLAS f32"] = per_call_ms(lambda w: x @ w.T, wides, reps)
+    ms["tiled"] = per_call_ms(lambda w: tiled(x, w, out, tile), stored, reps)
     return {"dtype": dtype, "shape": [rows, cols], "rows": n, "ms": ms,
             "gflops": {k: 2 * n * rows * cols / v / 1e6 for k, v in ms.items()}}
 
@@ -92,8 +105,10 @@ def main(argv=None) -> int:
     threadpool_limits(args.threads)
     print(f"threads {args.threads}, {platform.processor() or platform.machine()}; ms per product (median), "
           f"GFLOP/s in brackets\n")
-    print("| type | rows | shape | widen+BLAS | BLAS f32 | tiled | widening's share |")
-    print("|---|---|---|---|---|---|---|")
+    tiles = "bf16" in args.dtypes and amx.available()
+    columns = ("widen+BLAS", "BLAS f32", "tiled") + (("AMX bf16",) if tiles else ())
+    print("| type | rows | shape | " + " | ".join(columns) + " | widening's share |")
+    print("|---|---|---|" + "---|" * (len(columns) + 1))
     rng = np.random.default_rng(0)
     results = []
     for n in args.rows:
@@ -105,7 +120,7 @@ def main(argv=None) -> int:
                 r["name"] = name
                 results.append(r)
                 ms, gf = r["ms"], r["gflops"]
-                cells = " | ".join(f"{ms[k]:.2f} ({gf[k]:.0f})" for k in ("widen+BLAS", "BLAS f32", "tiled"))
+                cells = " | ".join(f"{ms[k]:.2f} ({gf[k]:.0f})" if k in ms else "" for k in columns)
                 share = 1 - ms["BLAS f32"] / ms["widen+BLAS"]
                 print(f"| {dtype} | {n} | {name} {rows}x{cols} | {cells} | {share:.0%} |", flush=True)
     if args.json:

@@ -70,11 +70,11 @@ class Backend:
         their products use)."""
         return self._table.place(tensors, vectors, self.activations)
 
-    def blas_threads(self) -> int | None:
-        """The BLAS threads this backend's products want (None: as many as the call allows). Where numba's
-        threads run every large product, BLAS is kept to the calling thread: its own threads spin for a
-        while after each call, on the cores numba's threads need."""
-        return self._table.blas_threads(self.activations)
+    def blas_threads(self, weights: dict) -> int | None:
+        """The BLAS threads the products over these placed weights want (None: as many as the call allows).
+        Where numba's threads run every large product, BLAS is kept to the calling thread: its own threads
+        spin for a while after each call, on the cores numba's threads need."""
+        return self._table.blas_threads(weights)
 
 
 CPU = Backend("cpu", np, "nanoasr.backend.cpu")

@@ -91,9 +91,11 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
     return x @ wide.T
 
 
-def blas_threads(activations: str) -> int | None:
-    """1 where the AMX tiles run the large products (bf16 activations), else as many as allowed."""
-    return 1 if activations == "bf16" and amx.available() else None
+def blas_threads(weights: dict) -> int | None:
+    """1 where the AMX tiles run the large products (weights placed for bf16 activations), else as many as
+    allowed."""
+    tiles = amx.available() and any(getattr(t, "activations", None) == "bf16" for t in weights.values())
+    return 1 if tiles else None
 
 
 def _widen_buffer(rows: int, cols: int) -> np.ndarray:
