@@ -155,9 +155,9 @@ class Model:
         return cls(dataclasses.replace(checkpoint, source=source), device, threads, batch_size, activations)
 
     def thread_scope(self):
-        """A context in which this model's stages compute with its CPU threads (numba's and BLAS's, the latter
-        kept to one where its products run on numba's threads: Backend.blas_threads)."""
-        return backend_mod.threads(self.threads, self.backend.blas_threads(self.weights))
+        """A context in which this model's stages compute with its CPU threads (numba's and BLAS's; see
+        Backend.numba_products)."""
+        return backend_mod.threads(self.threads, self.backend.numba_products(self.weights))
 
     def check_options(self, language: str | None = None, word_timestamps: bool = False) -> None:
         """OptionError for what this model cannot do, before any audio is read: a language it was not trained

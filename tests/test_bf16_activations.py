@@ -153,10 +153,10 @@ def test_bf16_activations_mark_the_bf16_matrices_only():
     placed = bf16.place(tensors, set())
     assert {k: t.activations for k, t in placed.items()} == {
         "q8_0": "exact", "f16": "exact", "f32": "exact", "bf16": "bf16"}
-    assert bf16.blas_threads(placed) == (1 if amx.available() else None)
+    assert bf16.numba_products(placed) == amx.available()
     without_bf16 = {k: t for k, t in tensors.items() if k != "bf16"}
-    assert bf16.blas_threads(bf16.place(without_bf16, set())) is None
-    assert CPU.blas_threads(CPU.place(tensors, set())) is None
+    assert not bf16.numba_products(bf16.place(without_bf16, set()))
+    assert not CPU.numba_products(CPU.place(tensors, set()))
 
 
 def forced_logits(model, steps=6):
@@ -187,3 +187,37 @@ def test_bf16_activations_reach_every_large_product(tiny_model, monkeypatch):
 def test_commands_take_bf16_activations(parser):
     argv = ["a.wav"] if parser is transcribe.build_parser else []
     assert parser().parse_args(argv + ["--activations", "bf16"]).activations == "bf16"
+
+
+def test_rows_split_among_numba_threads_are_the_serial_rows():
+    """Where numba's threads run the products, LayerNorm, bias (+ ReLU) and softmax share their rows out
+    among them (row counts that do and do not divide evenly); each row is bit for bit the serial one."""
+    from nanoasr.kernels import elementwise, softmax
+
+    rng = np.random.default_rng(9)
+    for n in (1, 7, 500):
+        x = rng.standard_normal((n, 96)).astype(np.float32)
+        w, b = rng.standard_normal(96).astype(np.float32), rng.standard_normal(96).astype(np.float32)
+        assert np.array_equal(elementwise.layer_norm(x, w, b, 1e-5, split=True),
+                              elementwise.layer_norm(x, w, b, 1e-5))
+        for relu in (False, True):
+            assert np.array_equal(elementwise.add_bias(x.copy(), b, relu, split=True),
+                                  elementwise.add_bias(x.copy(), b, relu))
+        split = softmax.softmax_inplace(x.copy(), 0.3, split=True)
+        assert np.array_equal(split, softmax.softmax_inplace(x.copy(), 0.3))
+
+
+def test_numba_products_scope_keeps_blas_to_one_thread():
+    from threadpoolctl import threadpool_info
+
+    from nanoasr import backend
+
+    def blas_threads():
+        return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+
+    before = blas_threads()
+    with backend.threads(2, numba_products=True):
+        assert backend.NUMBA_PRODUCTS.get() and blas_threads() == {1}
+    assert not backend.NUMBA_PRODUCTS.get() and blas_threads() == before
+    with backend.threads(2):
+        assert not backend.NUMBA_PRODUCTS.get() and blas_threads() == {2}

@@ -13,6 +13,7 @@ import importlib.util
 import sys
 import warnings
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cached_property
 from types import ModuleType
@@ -70,11 +71,10 @@ class Backend:
         their products use)."""
         return self._table.place(tensors, vectors, self.activations)
 
-    def blas_threads(self, weights: dict) -> int | None:
-        """The BLAS threads the products over these placed weights want (None: as many as the call allows).
-        Where numba's threads run every large product, BLAS is kept to the calling thread: its own threads
-        spin for a while after each call, on the cores numba's threads need."""
-        return self._table.blas_threads(weights)
+    def numba_products(self, weights: dict) -> bool:
+        """Whether numba's threads run every large product over these placed weights (AMX tiles), so that a
+        forward over them runs best inside threads(..., numba_products=True)."""
+        return self._table.numba_products(weights)
 
 
 CPU = Backend("cpu", np, "nanoasr.backend.cpu")
@@ -186,11 +186,18 @@ def to_numpy(x) -> np.ndarray:
     return x.get() if array_module(x) is not np else np.asarray(x)
 
 
+# True inside threads(..., numba_products=True): numba's threads, awake for the products, also share out the
+# rows of the CPU table's elementwise kernels (serial otherwise: between BLAS products, waking numba's threads
+# costs more than it saves).
+NUMBA_PRODUCTS: ContextVar[bool] = ContextVar("NUMBA_PRODUCTS", default=False)
+
+
 @contextmanager
-def threads(n: int | None, blas: int | None = None):
+def threads(n: int | None, numba_products: bool = False):
     """At most n threads in numba's kernels and in BLAS inside the block (the host's pools; None: as they
-    are), and at most `blas` in BLAS alone when given (see Backend.blas_threads)."""
-    if n is None and blas is None:
+    are). With numba_products (Backend.numba_products), BLAS is kept to the calling thread, since its own
+    threads spin for a while after each call on the cores numba's threads need, and NUMBA_PRODUCTS is set."""
+    if n is None and not numba_products:
         yield
         return
     import numba  # here, not at the top: importing nanoasr does not load numba
@@ -199,8 +206,11 @@ def threads(n: int | None, blas: int | None = None):
     previous = numba.get_num_threads()
     if n is not None:
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    token = NUMBA_PRODUCTS.set(numba_products)
     try:
-        with threadpool_limits(limits=n), threadpool_limits(limits=blas, user_api="blas"):
+        with threadpool_limits(limits=n), threadpool_limits(limits=1 if numba_products else None,
+                                                            user_api="blas"):
             yield
     finally:
+        NUMBA_PRODUCTS.reset(token)
         numba.set_num_threads(previous)

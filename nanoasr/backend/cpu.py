@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from nanoasr import ops
-from nanoasr.backend import Kernels
+from nanoasr.backend import NUMBA_PRODUCTS, Kernels
 from nanoasr.kernels import amx, attention, cpu, elementwise, softmax
 from nanoasr.kernels.int8_dot import host_path
 from nanoasr.tensor import StoredTensor, take_rows, widen
@@ -21,13 +21,14 @@ _scratch = threading.local()
 
 def add_bias(y, bias, relu):  # y [n, out], a fresh product (overwritten)
     if bias is not None and y.dtype == np.float32 and y.flags.c_contiguous:
-        return elementwise.add_bias(y, bias, relu)  # one pass instead of two and a temporary
+        # one pass instead of two and a temporary
+        return elementwise.add_bias(y, bias, relu, split=NUMBA_PRODUCTS.get())
     return ops.add_bias_xp(y, bias, relu)
 
 
 def layer_norm(x, weight, bias, eps):  # the kernel copies a strided x; float32 only (one compiled version)
     if x.dtype == np.float32:
-        return elementwise.layer_norm(x, weight, bias, eps)
+        return elementwise.layer_norm(x, weight, bias, eps, split=NUMBA_PRODUCTS.get())
     return ops.layer_norm_xp(x, weight, bias, eps)
 
 
@@ -41,7 +42,7 @@ def softmax_inplace(x, scale=1.0, keep=None):  # in place: only on x's own float
     if keep is not None and keep.all():  # nothing dropped (an unpadded batch): the plain rows, no mask read
         keep = None
     if x.dtype == np.float32 and x.flags.c_contiguous:
-        return softmax.softmax_inplace(x, scale, keep)
+        return softmax.softmax_inplace(x, scale, keep, split=NUMBA_PRODUCTS.get())
     return ops.softmax_inplace_xp(x, scale, keep)
 
 
@@ -91,11 +92,9 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
     return x @ wide.T
 
 
-def blas_threads(weights: dict) -> int | None:
-    """1 where the AMX tiles run the large products (weights placed for bf16 activations), else as many as
-    allowed."""
-    tiles = amx.available() and any(getattr(t, "activations", None) == "bf16" for t in weights.values())
-    return 1 if tiles else None
+def numba_products(weights: dict) -> bool:
+    """Whether the AMX tiles run the large products (weights placed for bf16 activations)."""
+    return amx.available() and any(getattr(t, "activations", None) == "bf16" for t in weights.values())
 
 
 def _widen_buffer(rows: int, cols: int) -> np.ndarray:

@@ -67,9 +67,9 @@ KERNELS = Kernels(add_bias=ops.add_bias_xp, layer_norm=ops.layer_norm_xp, rms_no
                   products=ops.products_xp)
 
 
-def blas_threads(weights: dict) -> None:
-    """The host's BLAS does no heavy work beside the GPU: as many threads as allowed."""
-    return None
+def numba_products(weights: dict) -> bool:
+    """The GPU runs the products."""
+    return False
 
 
 def place(tensors: dict, vectors: set[str], activations: str = "exact") -> dict:

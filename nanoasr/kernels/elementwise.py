@@ -5,13 +5,16 @@ Their numpy twins are `nanoasr.ops.layer_norm_xp`, `rms_norm_xp`, `add_bias_xp`,
 `apply_rope_xp` and `nanoasr.ops.fsmn_xp`, which make a pass over the activations (and a
 temporary) per operation or per tap; these make one, and in decoding, where a row is short, they also save
 numpy's per-call overhead.
-They stay serial: they run between BLAS GEMMs, and a numba parallel region there leaves its threads spinning
-on the cores BLAS needs. Compiled on first use and cached on disk.
+They are serial: between BLAS GEMMs a numba parallel region leaves its threads spinning on the cores BLAS
+needs. Where numba's threads run the products too (AMX tiles), `split=True` shares the rows of a LayerNorm
+or a bias out among them, each row computed as the serial loop computes it. Compiled on first use and cached
+on disk.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from nanoasr.kernels.softmax import exp_nonpositive
 
@@ -47,10 +50,21 @@ def _layer_norm_rows(x, weight, bias, eps, out):  # x, out [n, d]
             out[r, c] = (row[c] - mean) * scale * weight[c] + bias[c]
 
 
-def layer_norm(x, weight, bias, eps):  # float32 [..., d] -> [..., d]
+@njit(parallel=True, cache=True)
+def _layer_norm_split(x, weight, bias, eps, out, blocks):  # _layer_norm_rows, `blocks` blocks of rows
+    step = (x.shape[0] + blocks - 1) // blocks
+    for i in prange(blocks):
+        rows = slice(i * step, (i + 1) * step)
+        _layer_norm_rows(x[rows], weight, bias, eps, out[rows])
+
+
+def layer_norm(x, weight, bias, eps, split=False):  # float32 [..., d] -> [..., d]
     rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
     out = np.empty_like(rows)
-    _layer_norm_rows(rows, weight, bias, np.float32(eps), out)
+    if split:  # a block of rows per numba thread
+        _layer_norm_split(rows, weight, bias, np.float32(eps), out, numba.get_num_threads())
+    else:
+        _layer_norm_rows(rows, weight, bias, np.float32(eps), out)
     return out.reshape(x.shape)
 
 
@@ -144,6 +158,17 @@ def _add_bias_rows(y, bias, relu):  # y [n, d] += bias [d], then max(., 0) if re
                 row[c] += bias[c]
 
 
-def add_bias(y, bias, relu):  # y float32 [n, d] C-contiguous, overwritten -> y
-    _add_bias_rows(y, np.ascontiguousarray(bias, dtype=np.float32), relu)
+@njit(parallel=True, cache=True)
+def _add_bias_split(y, bias, relu, blocks):  # _add_bias_rows, `blocks` blocks of rows
+    step = (y.shape[0] + blocks - 1) // blocks
+    for i in prange(blocks):
+        _add_bias_rows(y[i * step:(i + 1) * step], bias, relu)
+
+
+def add_bias(y, bias, relu, split=False):  # y float32 [n, d] C-contiguous, overwritten -> y
+    bias = np.ascontiguousarray(bias, dtype=np.float32)
+    if split:  # a block of rows per numba thread
+        _add_bias_split(y, bias, relu, numba.get_num_threads())
+    else:
+        _add_bias_rows(y, bias, relu)
     return y

@@ -10,9 +10,10 @@ first use and cached on disk.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -97,16 +98,28 @@ def _softmax_kept_rows(x, keep, per_item, scale):  # x [n, m]; row i keeps the c
             row[j] *= inverse
 
 
-def softmax_inplace(x: np.ndarray, scale=1.0, keep=None) -> np.ndarray:
+@njit(parallel=True, cache=True)
+def _softmax_split(x, tops, scale, blocks):  # _softmax_rows, `blocks` blocks of rows
+    step = (x.shape[0] + blocks - 1) // blocks
+    for i in prange(blocks):
+        rows = slice(i * step, (i + 1) * step)
+        _softmax_rows(x[rows], tops[rows], scale)
+
+
+def softmax_inplace(x: np.ndarray, scale=1.0, keep=None, split=False) -> np.ndarray:
     """float32 [B, ..., m], C-contiguous -> x overwritten with softmax(scale * x) over its last axis; keep
     [B, m] bool, when given, drops the columns it marks False from every row of item b (probability 0), in
-    the same pass."""
+    the same pass. `split`: rows without a mask go to numba's threads a block each (see elementwise.py)."""
     if x.dtype != np.float32 or not x.flags.c_contiguous:
         raise ValueError(f"softmax_inplace takes C-contiguous float32; got {x.dtype}, "
                          f"contiguous={x.flags.c_contiguous}")
     rows, scale = x.reshape(-1, x.shape[-1]), np.float32(scale)
     if keep is None:
-        _softmax_rows(rows, rows.max(axis=1), scale)  # numpy's maximum is vectorised; numba's a serial chain
+        # numpy's maximum is vectorised; numba's a serial chain
+        if split:  # a block of rows per numba thread
+            _softmax_split(rows, rows.max(axis=1), scale, numba.get_num_threads())
+        else:
+            _softmax_rows(rows, rows.max(axis=1), scale)
         return x
     if keep.shape != (x.shape[0], x.shape[-1]):
         raise ValueError(f"softmax_inplace takes keep [B, m] = {(x.shape[0], x.shape[-1])}; got {keep.shape}")
