@@ -33,9 +33,9 @@ def record(monkeypatch, module, name) -> list:
     """Calls of module.name from now on (it still runs)."""
     calls, original = [], getattr(module, name)
 
-    def spy(*args):
+    def spy(*args, **options):
         calls.append(args)
-        return original(*args)
+        return original(*args, **options)
 
     monkeypatch.setattr(module, name, spy)
     return calls

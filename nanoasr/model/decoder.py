@@ -95,8 +95,9 @@ def _score_blocks(b, kv_heads, group, n, m):  # -> (kv heads, query rows) per bl
     return 1, max(1, PREFILL_SCORE_BYTES // (4 * b * group * m))
 
 
-def _prefill_attention(q, keys, values, positions, group, activations):  # q [B, n, heads, hd], keys/values
-    # [B, kvh, m, hd] (the cache up to the last query), positions [B, n] of the queries -> [B, n, heads*hd]
+def _prefill_attention(q, keys, values, positions, group, activations="exact"):  # q [B, n, heads, hd],
+    # keys/values [B, kvh, m, hd] (the cache up to the last query), positions [B, n] of the queries
+    # -> [B, n, heads*hd]
     xp = array_module(q)
     b, n, _, hd = q.shape
     kvh, m = keys.shape[1], keys.shape[2]
