@@ -114,7 +114,6 @@ def _panel(typingctx, w, n0, packed, group, kb, sums, out):
         m, n = cgutils.unpack_tuple(builder, oa.shape)
         for a in range(2):
             col = builder.add(n0, i64(16 * a))
-            whole = builder.icmp_signed("<=", builder.add(col, i64(16)), n)
             for b in range(2):
                 tile = 256 * (2 * a + b)
                 lines = [load_vector(builder, sa.data, tile + 16 * i, F32, 16) for i in range(16)]
@@ -123,21 +122,21 @@ def _panel(typingctx, w, n0, packed, group, kb, sums, out):
                     r = builder.add(r0, i64(j))
                     with builder.if_then(builder.icmp_signed("<", r, m)):
                         at = builder.gep(oa.data, [builder.add(builder.mul(r, n), col)])
-                        _store_line(builder, at, line, whole, builder.sub(n, col))
+                        _store_line(builder, at, line, builder.sub(n, col))
         return context.get_dummy_value()
     return types.none(w, n0, packed, group, kb, sums, out), codegen
 
 
-def _store_line(builder, at, line, whole, room):
-    """16 floats at `at`, or (not whole) only the first `room` of them."""
-    with builder.if_else(whole) as (full, part):
-        with full:
-            store_vector(builder, at, 0, line)
-        with part:
-            for lane in range(16):
-                with builder.if_then(builder.icmp_signed("<", i64(lane), room)):
-                    builder.store(builder.extract_element(line, ir.Constant(ir.IntType(32), lane)),
-                                  builder.gep(at, [i64(lane)]))
+def _store_line(builder, at, line, room):
+    """The first `room` (up to 16) of 16 floats at `at`: one masked store."""
+    i64x16 = ir.VectorType(ir.IntType(64), 16)
+    first = builder.insert_element(ir.Constant(i64x16, None), room, ir.Constant(I32, 0))
+    rooms = lanes(builder, first, [0] * 16)
+    mask = builder.icmp_signed("<", ir.Constant(i64x16, list(range(16))), rooms)
+    ptr = builder.bitcast(at, ir.PointerType(line.type))
+    fnty = ir.FunctionType(ir.VoidType(), [line.type, ptr.type, I32, mask.type])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.store.v16f32.p0")
+    builder.call(fn, [line, ptr, ir.Constant(I32, 4), mask])
 
 
 def _transposed(builder, lines):
@@ -246,20 +245,14 @@ def _products(bits, w, config, out):  # x's float32 bits [B, H, m, K] (any strid
     kb = w.shape[3] // COLS
     packed = _packed(bits, kb)
     pairs, panels = packed.shape[3] // 2, w.shape[2] // ROWS
-    if pairs < BY_ROWS:  # few rows: a task per weight panel, each going through all of them
-        for task in prange(batch * heads * panels):
-            b, h, t = task // (heads * panels), task // panels % heads, task % panels
-            sums = np.empty((4, 16, 16), np.float32)
-            _configure(config)
-            for pair in range(pairs):
-                _panel(w[b, h], t * ROWS, packed[b, h], pair, kb, sums, out[b, h])
-            _release()
-        return
-    for task in prange(batch * heads * pairs):  # a task per 32 rows, its output rows staying in cache
-        b, h, pair = task // (heads * pairs), task // pairs % heads, task % pairs
+    by_rows = pairs >= BY_ROWS  # a task per 32 rows of x (its output rows stay in cache), else per panel
+    outer, inner = (pairs, panels) if by_rows else (panels, pairs)
+    for task in prange(batch * heads * outer):
+        b, h, o = task // (heads * outer), task // outer % heads, task % outer
         sums = np.empty((4, 16, 16), np.float32)
         _configure(config)
-        for t in range(panels):
+        for i in range(inner):
+            pair, t = (o, i) if by_rows else (i, o)
             _panel(w[b, h], t * ROWS, packed[b, h], pair, kb, sums, out[b, h])
         _release()
 
