@@ -190,8 +190,9 @@ def test_commands_take_bf16_activations(parser):
 
 
 def test_rows_split_among_numba_threads_are_the_serial_rows():
-    """Where numba's threads run the products, LayerNorm, bias (+ ReLU) and softmax share their rows out
-    among them (row counts that do and do not divide evenly); each row is bit for bit the serial one."""
+    """Where numba's threads run the products, LayerNorm, RMSNorm, bias (+ ReLU), SwiGLU and softmax share
+    their rows out among them (row counts that do and do not divide evenly); each row is bit for bit the
+    serial one."""
     from nanoasr.kernels import elementwise, softmax
 
     rng = np.random.default_rng(9)
@@ -200,6 +201,9 @@ def test_rows_split_among_numba_threads_are_the_serial_rows():
         w, b = rng.standard_normal(96).astype(np.float32), rng.standard_normal(96).astype(np.float32)
         assert np.array_equal(elementwise.layer_norm(x, w, b, 1e-5, split=True),
                               elementwise.layer_norm(x, w, b, 1e-5))
+        assert np.array_equal(elementwise.rms_norm(x, w, 1e-6, split=True), elementwise.rms_norm(x, w, 1e-6))
+        split = elementwise.swiglu(x.copy(), b + x, split=True)
+        assert np.array_equal(split, elementwise.swiglu(x.copy(), b + x))
         for relu in (False, True):
             assert np.array_equal(elementwise.add_bias(x.copy(), b, relu, split=True),
                                   elementwise.add_bias(x.copy(), b, relu))

@@ -34,7 +34,7 @@ def layer_norm(x, weight, bias, eps):  # the kernel copies a strided x; float32 
 
 def rms_norm(x, weight, eps):
     if x.dtype == np.float32:
-        return elementwise.rms_norm(x, weight, eps)
+        return elementwise.rms_norm(x, weight, eps, split=NUMBA_PRODUCTS.get())
     return ops.rms_norm_xp(x, weight, eps)
 
 
@@ -48,7 +48,7 @@ def softmax_inplace(x, scale=1.0, keep=None):  # in place: only on x's own float
 
 def swiglu(gate, up):  # gate is overwritten in place: only its own float32 C-contiguous memory
     if gate.dtype == np.float32 and gate.flags.c_contiguous:
-        return elementwise.swiglu(gate, up)
+        return elementwise.swiglu(gate, up, split=NUMBA_PRODUCTS.get())
     return ops.swiglu_xp(gate, up)
 
 

@@ -31,10 +31,11 @@ from nanoasr.kernels.vector_ir import F32, I8, I32, i64, lanes, load_vector, pic
 
 ROWS = 32  # rows of W per panel: two tiles of 16
 COLS = 32  # columns per tile step: 64 bytes of bf16
-# From this many pairs of 16-row groups of x on, a task owns 32 rows of x and goes through every weight panel
-# (the rows it writes stay in cache: 1.2-1.9 TFLOP/s against 1.0-1.2 the other way round at 500 rows); with
-# fewer, a task owns a weight panel, so that the tasks still share out evenly.
-BY_ROWS = 8
+# A task takes a block of pairs of 16-row groups of x and a block of panels of W, each of at most BLOCK_BYTES
+# and 16 pairs or panels, so that both stay in the core's cache while they meet (each operand is read from
+# memory once per block of the other), and small enough that there are two tasks per thread. It goes through
+# its rows of x in the outer loop, so that the output rows it writes stay in cache.
+BLOCK_BYTES = 512 << 10
 _ARCH_PRCTL, _REQ_XCOMP_PERM, _XTILEDATA = 158, 0x1023, 18  # x86_64 syscall number and its arguments
 
 
@@ -239,21 +240,21 @@ def _padded(bits, rows, cols):  # float32 bits uint32 [B, H, n, K] (any strides)
 
 
 @njit(parallel=True, cache=True)
-def _products(bits, w, config, out):  # x's float32 bits [B, H, m, K] (any strides), w bf16 uint16
+def _products(bits, w, config, block, out):  # x's float32 bits [B, H, m, K] (any strides), w bf16 uint16
     # [B, H, n', 32*kb] (n' >= n a multiple of 32, 32*kb >= K; rows C-contiguous) -> out float32 [B, H, m, n]
     batch, heads = out.shape[:2]
     kb = w.shape[3] // COLS
     packed = _packed(bits, kb)
     pairs, panels = packed.shape[3] // 2, w.shape[2] // ROWS
-    by_rows = pairs >= BY_ROWS  # a task per 32 rows of x (its output rows stay in cache), else per panel
-    outer, inner = (pairs, panels) if by_rows else (panels, pairs)
-    for task in prange(batch * heads * outer):
-        b, h, o = task // (heads * outer), task // outer % heads, task % outer
+    row_blocks, panel_blocks = (pairs + block - 1) // block, (panels + block - 1) // block
+    for task in prange(batch * heads * row_blocks * panel_blocks):
+        b, h = task // (heads * row_blocks * panel_blocks), task // (row_blocks * panel_blocks) % heads
+        p0, t0 = block * (task // panel_blocks % row_blocks), block * (task % panel_blocks)
         sums = np.empty((4, 16, 16), np.float32)
         _configure(config)
-        for i in range(inner):
-            pair, t = (o, i) if by_rows else (i, o)
-            _panel(w[b, h], t * ROWS, packed[b, h], pair, kb, sums, out[b, h])
+        for pair in range(p0, min(pairs, p0 + block)):
+            for t in range(t0, min(panels, t0 + block)):
+                _panel(w[b, h], t * ROWS, packed[b, h], pair, kb, sums, out[b, h])
         _release()
 
 
@@ -306,5 +307,16 @@ def products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
     if not available():  # also asks for the tile state: without it the first tile instruction faults
         raise RuntimeError("this CPU or process cannot run AMX tiles (amx-tile, amx-bf16 and the kernel's "
                            "permission for the tile state are needed)")
-    _products(x4.view(np.uint32), w4, _CONFIG, o4)
+    _products(x4.view(np.uint32), w4, _CONFIG, _block(batch * heads, -(-m // ROWS), w4.shape[2] // ROWS,
+                                                      w4.shape[3]), o4)
     return out
+
+
+def _block(items: int, pairs: int, panels: int, cols: int) -> int:
+    """Pairs of row groups (and panels) per task: see BLOCK_BYTES."""
+    import numba
+
+    block = max(1, min(16, BLOCK_BYTES // (2 * ROWS * cols)))  # a pair or panel: 32 rows of `cols` bf16
+    while block > 1 and items * -(-pairs // block) * -(-panels // block) < 2 * numba.get_num_threads():
+        block //= 2
+    return block

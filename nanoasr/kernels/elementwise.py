@@ -6,9 +6,9 @@ Their numpy twins are `nanoasr.ops.layer_norm_xp`, `rms_norm_xp`, `add_bias_xp`,
 temporary) per operation or per tap; these make one, and in decoding, where a row is short, they also save
 numpy's per-call overhead.
 They are serial: between BLAS GEMMs a numba parallel region leaves its threads spinning on the cores BLAS
-needs. Where numba's threads run the products too (AMX tiles), `split=True` shares the rows of a LayerNorm
-or a bias out among them, each row computed as the serial loop computes it. Compiled on first use and cached
-on disk.
+needs. Where numba's threads run the products too (AMX tiles), `split=True` shares the rows of a norm, a
+bias or SwiGLU out among them, each row computed as the serial loop computes it. Compiled on first use and
+cached on disk.
 """
 from __future__ import annotations
 
@@ -78,10 +78,22 @@ def _rms_norm_rows(x, weight, eps, out):  # x, out [n, d]
             out[r, c] = row[c] / denominator * weight[c]
 
 
-def rms_norm(x, weight, eps):  # float32 [..., d] -> [..., d]
+@njit(parallel=True, cache=True)
+def _rms_norm_split(x, weight, eps, out, blocks):  # _rms_norm_rows, `blocks` blocks of rows
+    step = (x.shape[0] + blocks - 1) // blocks
+    for i in prange(blocks):
+        rows = slice(i * step, (i + 1) * step)
+        _rms_norm_rows(x[rows], weight, eps, out[rows])
+
+
+def rms_norm(x, weight, eps, split=False):  # float32 [..., d] -> [..., d]
     rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
     out = np.empty_like(rows)
-    _rms_norm_rows(rows, np.ascontiguousarray(weight, dtype=np.float32), np.float32(eps), out)
+    weight = np.ascontiguousarray(weight, dtype=np.float32)
+    if split:  # a block of rows per numba thread
+        _rms_norm_split(rows, weight, np.float32(eps), out, numba.get_num_threads())
+    else:
+        _rms_norm_rows(rows, weight, np.float32(eps), out)
     return out.reshape(x.shape)
 
 
@@ -117,8 +129,21 @@ def apply_rope(x, cos, sin):  # float32 x [..., n, heads, d], cos/sin [..., n, d
     return out.reshape(x.shape)
 
 
-def swiglu(gate, up):  # float32 [..., d] each, gate a fresh C-contiguous product (overwritten) -> gate
-    _swiglu_rows(gate.reshape(-1, gate.shape[-1]), np.ascontiguousarray(up).reshape(-1, up.shape[-1]))
+@njit(parallel=True, cache=True)
+def _swiglu_split(gate, up, blocks):  # _swiglu_rows, `blocks` blocks of rows
+    step = (gate.shape[0] + blocks - 1) // blocks
+    for i in prange(blocks):
+        rows = slice(i * step, (i + 1) * step)
+        _swiglu_rows(gate[rows], up[rows])
+
+
+def swiglu(gate, up, split=False):  # float32 [..., d] each, gate a fresh C-contiguous product (overwritten)
+    # -> gate
+    rows, ups = gate.reshape(-1, gate.shape[-1]), np.ascontiguousarray(up).reshape(-1, up.shape[-1])
+    if split:  # a block of rows per numba thread
+        _swiglu_split(rows, ups, numba.get_num_threads())
+    else:
+        _swiglu_rows(rows, ups)
     return gate
 
 
