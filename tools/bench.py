@@ -355,14 +355,14 @@ def summarize(samples: list[dict]) -> dict:
 COLUMNS = (  # (header, keys tried in order)
     ("load s", ("load_s",)), ("first-run extra s", ("first_run_extra_s",)),
     ("frontend 60 s, 1 thread ms", ("frontend_60s_1thread_ms",)),
-    ("encoder+adaptor 10 s ms", ("encoder_adaptor_ms",)),
+    ("encoder+adaptor, the clip, ms", ("encoder_adaptor_ms",)),
     ("encoder+adaptor 30 s ms", ("encoder_adaptor_30s_ms",)),
     ("prefill 196 ms", ("prefill196_ms",)),
     ("prefill 196, 8 together, ms each", ("prefill196_x8_ms_each",)),
     ("decode ms/token", ("decode_ms_per_token",)),
     ("step ctx 64 ms", ("step_ms_ctx64_b1",)), ("step ctx 512 ms", ("step_ms_ctx512_b1",)),
     ("decode step weights GB/s", ("decode_gb_per_s",)), ("batch-8 throughput x", ("batch8_speedup",)),
-    ("RTF 10 s", ("rtf",)), ("RTF long", ("long_rtf",)),
+    ("RTF, the clip", ("rtf",)), ("RTF long", ("long_rtf",)),
     ("RTF long, segments one by one", ("long_sequential_rtf",)),
     ("batched = sequential ids", ("long_batched_equals_sequential",)),
     ("peak RSS MB", ("peak_rss_mb",)),
@@ -412,7 +412,8 @@ def report(results: dict, args) -> str:
             continue
         lines.append(f"| {name} | " + " | ".join(_cell(r, keys) for _, keys in columns) + " |")
     lines += ["", *ratios(results["runs"], bandwidth["median"])]
-    lines += ["", "Decode ms/token is the median step of a forced generation after a 10 s clip's prompt; "
+    lines += ["", "Decode ms/token is a step of the clip's forced transcription (nanoasr: its decode stage "
+              "over the steps; Transformers: the median step); "
               "llama.cpp rows time its Qwen3 decoder alone (llama-cpp-python `eval`, one token at a time). "
               "RTF long is a synthesized recording with pauses, segmented and decoded 8 segments at a time "
               "(a finished row takes the next segment; segments that start together are prefilled in one "
