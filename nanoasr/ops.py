@@ -50,7 +50,7 @@ def stored_matmul_xp(rows, w: StoredTensor):  # [n, in] x dense stored W[out, in
 
 
 def rows_bf16_xp(x):  # float32 [..., k] -> float32 [..., k]: each value rounded to bf16 (to nearest, ties to
-    # even; finite values), as the AMX products round their operands
+    # even; finite values), as the AMX products round their operands and FunASR its rotary frequencies
     bits = array_module(x).ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
     return rounded.view(np.float32)
@@ -190,9 +190,7 @@ def rope_inv_freq(head_dim: int, theta: float, bf16: bool = False):  # -> [head_
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
     if not bf16:
         return inv_freq
-    bits = inv_freq.astype(np.float32).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-    return rounded.view(np.float32).astype(np.float64)
+    return rows_bf16_xp(inv_freq.astype(np.float32)).astype(np.float64)
 
 
 def rope_tables(positions, inv_freq):  # [n], [head_dim/2] -> cos, sin [n, head_dim]

@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import sys
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cached_property
@@ -207,9 +207,9 @@ def threads(n: int | None, numba_products: bool = False):
     if n is not None:
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     token = NUMBA_PRODUCTS.set(numba_products)
-    try:
-        with threadpool_limits(limits=n), threadpool_limits(limits=1 if numba_products else None,
-                                                            user_api="blas"):
+    try:  # each threadpool_limits reads the loaded libraries: only the limits asked for
+        with threadpool_limits(limits=n) if n is not None else nullcontext(), \
+                threadpool_limits(limits=1, user_api="blas") if numba_products else nullcontext():
             yield
     finally:
         NUMBA_PRODUCTS.reset(token)

@@ -115,11 +115,11 @@ def softmax_inplace(x: np.ndarray, scale=1.0, keep=None, split=False) -> np.ndar
                          f"contiguous={x.flags.c_contiguous}")
     rows, scale = x.reshape(-1, x.shape[-1]), np.float32(scale)
     if keep is None:
-        # numpy's maximum is vectorised; numba's a serial chain
+        tops = rows.max(axis=1)  # numpy's maximum is vectorised; numba's a serial chain
         if split:  # a block of rows per numba thread
-            _softmax_split(rows, rows.max(axis=1), scale, numba.get_num_threads())
+            _softmax_split(rows, tops, scale, numba.get_num_threads())
         else:
-            _softmax_rows(rows, rows.max(axis=1), scale)
+            _softmax_rows(rows, tops, scale)
         return x
     if keep.shape != (x.shape[0], x.shape[-1]):
         raise ValueError(f"softmax_inplace takes keep [B, m] = {(x.shape[0], x.shape[-1])}; got {keep.shape}")
