@@ -117,18 +117,20 @@ class Timer:
 
 class Model:
     def __init__(self, checkpoint: Checkpoint, device: str = "cpu", threads: int | None = None,
-                 batch_size: int = BATCH_SIZE, activations: str = "exact"):
+                 batch_size: int = BATCH_SIZE, activations: str = "exact", huge_pages: bool = False):
         """`batch_size`: segments of one call decoded together, at most (each in its own KV-cache row);
         `activations`: "exact" (float32 rows), "int8" (rows quantized per block against Q8_0, Q4_K and
         Q6_K weights while decoding, as ggml does) or "bf16" (rows rounded to bf16 against BF16 weights and
         in the encoder's and prefill's attention, on AMX tiles where the CPU has them); see
-        nanoasr.backend.ACTIVATIONS."""
+        nanoasr.backend.ACTIVATIONS. `huge_pages`: on the CPU, read the weight matrices into a private copy in
+        2 MiB pages, from which decoding streams them faster, instead of reading them through the
+        checkpoint's file mapping (shared with other processes that load the same file, no copy)."""
         self.batch_size = _whole_number("batch_size", batch_size)
         if self.batch_size < 1:
             raise OptionError(f"batch_size must be at least 1; got {self.batch_size}", "batch_size")
         self.checkpoint = checkpoint
         self.config = checkpoint.config
-        self.backend = backend_mod.with_activations(backend_mod.resolve(device), activations)
+        self.backend = backend_mod.with_activations(backend_mod.resolve(device), activations, huge_pages)
         self.threads = threads
         self.tokenizer = Tokenizer(checkpoint.files["tokenizer.json"], self.config.audio_token_id,
                                    checkpoint.source.get("path", "tokenizer.json"))
@@ -141,7 +143,7 @@ class Model:
 
     @classmethod
     def load(cls, model=None, device: str = "cpu", threads: int | None = None, batch_size: int = BATCH_SIZE,
-             llm=None, activations: str = "exact", **resolve_options) -> "Model":
+             llm=None, activations: str = "exact", huge_pages: bool = False, **resolve_options) -> "Model":
         """`model`: a checkpoint directory or .gguf path, a hub id `org/repo[@rev]`, or a package name;
         `llm`: the decoder GGUF when `model` is the encoder file of FunASR's llama.cpp runtime."""
         from nanoasr import hub
@@ -152,7 +154,8 @@ class Model:
         if resolved.package is not None:
             source.update(license=resolved.package.license, package=resolved.package.name)
             source.setdefault("variant", resolved.package.variant)
-        return cls(dataclasses.replace(checkpoint, source=source), device, threads, batch_size, activations)
+        return cls(dataclasses.replace(checkpoint, source=source), device, threads, batch_size, activations,
+                   huge_pages)
 
     def thread_scope(self):
         """A context in which this model's stages compute with its CPU threads (numba's and BLAS's; see

@@ -27,7 +27,7 @@ def test_configurations_run_interleaved_and_the_report_carries_the_machine(monke
     calls = []
 
     def fake_child(kind, model, args, **extra):
-        calls.append(model)
+        calls.append((model, extra.get("huge-pages")))
         figures = {"decode_ms_per_token": 10.0 + len(calls), "prefill196_ms": 100.0}
         if kind == "nanoasr":
             figures["decode_gb_per_s"] = 5.0
@@ -40,20 +40,24 @@ def test_configurations_run_interleaved_and_the_report_carries_the_machine(monke
     report.write_text("# Performance\n\n## An earlier machine\n\n| earlier figures |\n")
     monkeypatch.setattr(sys, "argv", ["bench.py", "--model", "a/m-bf16", "--model", "b/m-q8_0.gguf",
                                       "--llama-gguf", "qwen3-q8_0.gguf", "--rounds", "2",
-                                      "--json", str(tmp_path / "out.json"), "--report", str(report)])
+                                      "--huge-pages", "both", "--json", str(tmp_path / "out.json"),
+                                      "--report", str(report)])
     assert bench.main() == 0
-    assert calls == ["a/m-bf16", "b/m-q8_0.gguf", "qwen3-q8_0.gguf"] * 2
+    assert calls == [("a/m-bf16", "off"), ("a/m-bf16", "on"), ("b/m-q8_0.gguf", "off"),
+                     ("b/m-q8_0.gguf", "on"), ("qwen3-q8_0.gguf", None)] * 2
     results = json.loads((tmp_path / "out.json").read_text())
     q8 = results["runs"]["nanoasr m-q8_0.gguf"]
-    assert q8["decode_ms_per_token"] == 13.5 and q8["spread"]["decode_ms_per_token"] == [12.0, 15.0]
+    assert q8["decode_ms_per_token"] == 15.5 and q8["spread"]["decode_ms_per_token"] == [13.0, 18.0]
     text = report.read_text()
     assert text.startswith("# Performance\n\n## An earlier machine\n\n| earlier figures |\n\n## ")
     features = bench.machine(bench.argparse.Namespace(llama_python=sys.executable))["cpu_features"]
     assert features and features in text
     assert "llama.cpp system info: AVX = 1 | AVX2 = 1" in text and "2 interleaved rounds" in text
     assert "20.0 GB/s (18.0-21.0)" in text
-    # the q8_0 row against llama.cpp's q8_0 row (decode 13.5 / 14.5), and its stream against the bandwidth
-    assert "| nanoasr m-q8_0.gguf | 0.93 | 1.00 | 0.25 |" in text
+    # the q8_0 rows against llama.cpp's q8_0 row (decode 15.5 and 16.5 / 17.5), and their stream against the
+    # bandwidth
+    assert "| nanoasr m-q8_0.gguf | 0.89 | 1.00 | 0.25 |" in text
+    assert "| nanoasr --huge-pages m-q8_0.gguf | 0.94 | 1.00 | 0.25 |" in text
 
 
 @pytest.mark.parametrize("installed", [True, False])

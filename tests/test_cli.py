@@ -182,8 +182,9 @@ class FakeModel:
     def __init__(self):
         self.loads, self.calls = [], []
 
-    def load(self, model, device, threads, llm, activations):
-        self.loads.append(dict(model=model, device=device, threads=threads, llm=llm, activations=activations))
+    def load(self, model, device, threads, llm, activations, huge_pages):
+        self.loads.append(dict(model=model, device=device, threads=threads, llm=llm, activations=activations,
+                               huge_pages=huge_pages))
         return self
 
     def check_options(self, language=None, word_timestamps=False):
@@ -213,13 +214,13 @@ def test_every_transcription_option_reaches_the_model(tmp_path, fake, capsys):
     hotwords.write_text("# names\nAlice\n\n  Bob  \n", encoding="utf-8")
     code = cli.main([str(tmp_path / "a.wav"), "--model", "some/repo@abc", "--llm", "q.gguf",
                      "--device", "cpu", "--threads", "3", "--activations", "int8", "--language", "English",
-                     "--no-itn",
+                     "--no-itn", "--huge-pages",
                      "--hotword", "Carol", "--hotword", "Dave",
                      "--hotwords-file", str(hotwords), "--context", "a meeting",
                      "--reference", "transformers", "--max-new-tokens", "7"])
     assert code == 0 and capsys.readouterr().out == "hi\n"
     assert fake.loads == [dict(model="some/repo@abc", device="cpu", threads=3, llm="q.gguf",
-                               activations="int8")]
+                               activations="int8", huge_pages=True)]
     assert fake.calls == [dict(language="English", itn=False,
                                hotwords=("Carol", "Dave", "Alice", "Bob"), context="a meeting",
                                reference="transformers", max_new_tokens=7, word_timestamps=False)]
@@ -229,7 +230,7 @@ def test_defaults_reach_the_model(tmp_path, fake, capsys):
     soundfile.write(tmp_path / "a.wav", speech_like(1.0), SR)
     assert cli.main([str(tmp_path / "a.wav"), str(tmp_path / "a.wav"), "--itn"]) == 0
     assert fake.loads == [dict(model=None, device="cpu", threads=None, llm=None,
-                               activations="exact")]  # loaded once for all
+                               activations="exact", huge_pages=False)]  # loaded once for all
     assert fake.calls == 2 * [dict(language=None, itn=True, hotwords=(), context=None,
                                    reference="funasr", max_new_tokens=None, word_timestamps=False)]
     assert capsys.readouterr().out == "hi\nhi\n"

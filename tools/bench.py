@@ -3,6 +3,7 @@
     python tools/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
                           [--llama-gguf qwen3.gguf] [--seconds 10] [--tokens 40] [--long-seconds 600]
                           [--threads 2] [--device cpu|cuda] [--activations exact|int8|bf16] [--rounds 3]
+                          [--huge-pages off|on|both]
                           [--json out.json] [--report docs/reports/performance.md]  (appends a dated section)
 
 Each configuration runs in its own process (so peak RSS is its own), with OPENBLAS_CORETYPE and
@@ -60,7 +61,8 @@ def child_nanoasr(args) -> dict:
     from tools.synth import speech_like
 
     start = time.perf_counter()
-    model = Model.load(args.model, device=args.device, threads=args.threads, activations=args.activations)
+    model = Model.load(args.model, device=args.device, threads=args.threads, activations=args.activations,
+                       huge_pages=args.huge_pages == "on")
     synchronize(model)
     out = {"load_s": time.perf_counter() - start}
     wave = speech_like(args.seconds, seed=1)
@@ -145,7 +147,7 @@ def long_audio(model, args) -> dict:
     if not args.long_sequential:
         return out
     one_by_one = Model(model.checkpoint, model.backend.name, model.threads, batch_size=1,
-                       activations=model.backend.activations)
+                       activations=model.backend.activations, huge_pages=model.backend.huge_pages)
     sequential = one_by_one.transcribe(wave, sample_rate=16000, reference=args.reference)
     return dict(out, long_sequential_rtf=sequential.timings["total"] / 1e3 / args.long_seconds,
                 long_batched_equals_sequential=[s.token_ids for s in result.segments] == [
@@ -464,7 +466,10 @@ def ratios(runs: dict, bandwidth_gbs: float) -> list[str]:
 
 def configurations(args) -> list:
     """(row name, a call that runs it once), in the order each round runs them."""
-    runs = [(f"nanoasr {Path(m).name}", lambda m=m: run_child("nanoasr", m, args)) for m in args.model]
+    pages = {"off": ["off"], "on": ["on"], "both": ["off", "on"]}[args.huge_pages]
+    runs = [(f"nanoasr {'--huge-pages ' if p == 'on' else ''}{Path(m).name}",
+             lambda m=m, p=p: run_child("nanoasr", m, args, **{"huge-pages": p}))
+            for m in args.model for p in pages]
     if args.transformers:
         runs += [(f"transformers {d}", lambda d=d: run_child("transformers", args.transformers, args,
                                                              dtype=d)) for d in ("fp32", "bf16")]
@@ -498,6 +503,9 @@ def main() -> int:
     parser.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))
     parser.add_argument("--activations", default="exact", choices=("exact", "int8", "bf16"),
                         help="nanoasr's rows against block-quantized weights in decoding: float32 or int8")
+    parser.add_argument("--huge-pages", default="off", choices=("off", "on", "both"),
+                        help="nanoasr's weight matrices read into huge pages (Model.load(huge_pages=True)); "
+                             "both: each model both ways")
     parser.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--report", default=None, help="write a markdown table here")

@@ -56,6 +56,7 @@ class Backend:
     xp: ModuleType  # numpy or cupy
     table_module: str  # the module defining KERNELS and place()
     activations: str = "exact"  # one of ACTIVATIONS, carried by the weights place() returns
+    huge_pages: bool = False  # CPU: matrices read into a private copy in huge pages (pages.py)
 
     @cached_property
     def _table(self) -> ModuleType:
@@ -68,8 +69,8 @@ class Backend:
     def place(self, tensors: dict, vectors: set[str]) -> dict:
         """The weights as this device computes with them: `vectors` (norms, biases, FSMN kernels) widened to
         float32 once, matrices in their stored type where the kernels read it (marked with the activations
-        their products use)."""
-        return self._table.place(tensors, vectors, self.activations)
+        their products use; on the CPU read into huge pages if huge_pages)."""
+        return self._table.place(tensors, vectors, self.activations, self.huge_pages)
 
     def numba_products(self, weights: dict) -> bool:
         """Whether numba's threads run every large product over these placed weights (AMX tiles), so that a
@@ -146,12 +147,15 @@ def resolve(device: str = "auto") -> Backend:
     return CPU
 
 
-def with_activations(backend: Backend, activations: str) -> Backend:
-    """The backend whose placed weights multiply rows as `activations` says (one of ACTIVATIONS)."""
+def with_activations(backend: Backend, activations: str, huge_pages: bool = False) -> Backend:
+    """The backend whose placed weights multiply rows as `activations` says (one of ACTIVATIONS), its CPU
+    matrices read into huge pages if huge_pages."""
     if activations not in ACTIVATIONS:
         raise OptionError(f"activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}",
                           "activations")
-    return dataclasses.replace(backend, activations=activations)
+    if not isinstance(huge_pages, bool):
+        raise OptionError(f"huge_pages must be True or False; got {huge_pages!r}", "huge_pages")
+    return dataclasses.replace(backend, activations=activations, huge_pages=huge_pages)
 
 
 def of(x) -> Backend:

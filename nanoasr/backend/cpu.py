@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from nanoasr import ops
-from nanoasr.backend import NUMBA_PRODUCTS, Kernels
+from nanoasr.backend import NUMBA_PRODUCTS, Kernels, pages
 from nanoasr.kernels import amx, attention, cpu, elementwise, softmax
 from nanoasr.kernels.int8_dot import host_path
 from nanoasr.tensor import StoredTensor, take_rows, widen
@@ -119,12 +119,20 @@ KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
                   stored_matmul=stored_matmul, take_rows=take_rows, products=products)
 
 
-def place(tensors: dict, vectors: set[str], activations: str = "exact") -> dict:
+def place(tensors: dict, vectors: set[str], activations: str = "exact", huge_pages: bool = False) -> dict:
     """Matrices stay in their stored type, float32 ones too, so that decoding streams them through the same
-    kernels; vectors are widened once. With int8 activations, the block-quantized matrices (Q8_0, Q4_K,
-    Q6_K) are marked for the integer product; with bf16 activations, the BF16 matrices."""
+    kernels; vectors are widened once. With huge_pages the matrices are read into one buffer of huge pages
+    (pages.py); otherwise they stay where the checkpoint put them (a file mapping, shared between
+    processes). With int8 activations, the block-quantized matrices (Q8_0, Q4_K, Q6_K) are marked for the
+    integer product; with bf16 activations, the BF16 matrices."""
     def matrix(t):
         marked = (activations == "int8" and t.dtype in cpu.MATVEC_INT8_KINDS
                   or activations == "bf16" and t.dtype == "bf16")
         return dataclasses.replace(t, activations=activations) if marked else t
-    return {name: widen(t) if name in vectors else matrix(t) for name, t in tensors.items()}
+    placed = {name: widen(t) if name in vectors else matrix(t) for name, t in tensors.items()}
+    if not huge_pages:
+        return placed
+    matrices = [name for name, t in placed.items() if isinstance(t, StoredTensor)]
+    copies = pages.in_huge_pages([placed[name].data for name in matrices])
+    return {**placed, **{name: dataclasses.replace(placed[name], data=data)
+                         for name, data in zip(matrices, copies)}}

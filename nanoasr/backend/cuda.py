@@ -72,9 +72,9 @@ def numba_products(weights: dict) -> bool:
     return False
 
 
-def place(tensors: dict, vectors: set[str], activations: str = "exact") -> dict:
+def place(tensors: dict, vectors: set[str], activations: str = "exact", huge_pages: bool = False) -> dict:
     """Each tensor copied to the device once: vectors as float32, matrices in their stored type (products
-    keep float32 rows here whatever `activations` says)."""
+    keep float32 rows here whatever `activations` says; huge_pages concerns the host's copy)."""
     return {name: cupy.asarray(widen(t)) if name in vectors
             else StoredTensor(cupy.ascontiguousarray(cupy.asarray(t.data)), t.dtype, t.shape)
             for name, t in tensors.items()}

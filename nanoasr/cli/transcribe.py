@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "against Q8_0/Q4_K/Q6_K weights in decoding, as llama.cpp does (AVX2 or "
                             "AVX512-VNNI); bf16: rows rounded to bf16 against BF16 weights and in "
                             "attention, as Transformers' bf16 does (AMX tiles where the CPU has them)")
+    model.add_argument("--huge-pages", action="store_true",
+                       help="read the weight matrices into a private copy in 2 MiB pages, from which "
+                            "decoding streams them faster (more memory and load time; see docs/cli.md)")
     add_transcription_options(parser)
     _add_output_options(parser)
     return parser
@@ -349,7 +352,7 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
     start = time.perf_counter()
     try:
         model = Model.load(args.model, device=args.device, threads=args.threads, llm=args.llm,
-                           activations=args.activations)
+                           activations=args.activations, huge_pages=args.huge_pages)
         model.check_options(args.language, args.word_timestamps)  # said once, not for every input
     except NanoasrError as exc:
         progress.error(exc)

@@ -1,0 +1,76 @@
+"""The CPU's copy of the weight matrices: one anonymous buffer that asks the OS for 2 MiB pages.
+
+Every decode step streams all of the decoder's matrices. Read through the checkpoint's file mapping (4 KiB
+pages) they stream measurably slower than from huge pages (tools/page_bench.py; TLB misses, and hardware
+prefetch stops at page edges). Matrices that view a file mapping are read from the file into the buffer,
+not copied through the mapping, so that the process does not hold both. Linux gives huge pages to memory
+that asks for them (madvise) when transparent huge pages are "always" or "madvise"; elsewhere the buffer is
+ordinary memory.
+"""
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+HUGE_PAGE = 2 << 20
+LINE = 64  # each array starts on a cache line
+
+
+def huge_page_buffer(nbytes: int) -> np.ndarray:
+    """uint8 [nbytes] of fresh anonymous memory, starting on a 2 MiB boundary, in huge pages where the OS
+    gives them."""
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    whole = np.frombuffer(region, np.uint8)  # keeps the region open while any view lives
+    start = -whole.ctypes.data % HUGE_PAGE
+    return whole[start:start + nbytes]
+
+
+def file_span(a: np.ndarray) -> tuple[str, int] | None:
+    """(file, byte offset) where a C-contiguous array that views a np.memmap starts in its file, else None."""
+    root = a
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if not (isinstance(root, np.memmap) and root.filename and a.flags.c_contiguous):
+        return None
+    return str(root.filename), root.offset + a.ctypes.data - root.ctypes.data
+
+
+def in_huge_pages(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The arrays' values in one huge-page buffer, each C-contiguous, read-only, on its own cache line."""
+    sizes = [-(-a.nbytes // LINE) * LINE for a in arrays]
+    buf = huge_page_buffer(sum(sizes))
+    files = {}
+    copies, at = [], 0
+    try:
+        for a, size in zip(arrays, sizes):
+            dest = buf[at:at + a.nbytes]
+            span = file_span(a)
+            if span is None:
+                dest[:] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+            else:
+                name, offset = span
+                if name not in files:
+                    files[name] = open(name, "rb", buffering=0)
+                _read_into(files[name], offset, dest)
+            copy = dest.view(a.dtype).reshape(a.shape)
+            copy.flags.writeable = False
+            copies.append(copy)
+            at += size
+    finally:
+        for f in files.values():
+            f.close()
+    return copies
+
+
+def _read_into(f, offset: int, dest: np.ndarray) -> None:
+    view, done = memoryview(dest), 0
+    f.seek(offset)
+    while done < len(view):
+        got = f.readinto(view[done:])
+        if not got:
+            raise OSError(f"{f.name} ended at byte {offset + done} inside a tensor that should end at byte "
+                          f"{offset + len(view)}")
+        done += got
