@@ -1,5 +1,7 @@
 """Weights read into huge pages (Model.load(huge_pages=True), backend/pages.py): the same values, read from
 the checkpoint's file where it maps them, one aligned read-only buffer, and the same transcription."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -46,6 +48,29 @@ def test_arrays_keep_their_values_in_one_aligned_read_only_buffer(tmp_path, monk
     starts = [c.ctypes.data for c in copies]
     assert starts[0] % pages.HUGE_PAGE == 0 and starts == sorted(starts)
     assert starts[-1] + copies[-1].nbytes - starts[0] <= sum(-(-c.nbytes // 64) * 64 for c in copies)
+
+
+def smaps_entry(address: int) -> list[str]:
+    """The lines of /proc/self/smaps that describe the mapping holding `address`."""
+    entry, inside = [], False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:  # a mapping's first line: start-end perms ...
+            start, end = (int(v, 16) for v in head.split("-"))
+            inside = start <= address < end
+        if inside:
+            entry.append(line)
+    return entry
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps is Linux's")
+def test_the_buffer_is_private_memory_that_asks_for_huge_pages():
+    """Private: shared anonymous memory would be shmem, which gets huge pages only by another setting;
+    "hg" is the kernel's mark of madvise(MADV_HUGEPAGE). Whether it grants them depends on the machine."""
+    buf = pages.huge_page_buffer(3 * pages.HUGE_PAGE)
+    entry = smaps_entry(buf.ctypes.data)
+    assert entry and entry[0].split()[1].endswith("p")
+    assert "hg" in next(line for line in entry if line.startswith("VmFlags")).split()
 
 
 def test_a_file_shorter_than_its_mapping_says_is_an_error(tmp_path):

@@ -20,7 +20,11 @@ LINE = 64  # each array starts on a cache line
 def huge_page_buffer(nbytes: int) -> np.ndarray:
     """uint8 [nbytes] of fresh anonymous memory, starting on a 2 MiB boundary, in huge pages where the OS
     gives them."""
-    region = mmap.mmap(-1, nbytes + HUGE_PAGE)
+    if hasattr(mmap, "MAP_PRIVATE"):  # private: shared anonymous memory is shmem, whose huge pages follow
+        # another setting (usually off)
+        region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    else:  # Windows
+        region = mmap.mmap(-1, nbytes + HUGE_PAGE)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         region.madvise(mmap.MADV_HUGEPAGE)
     whole = np.frombuffer(region, np.uint8)  # keeps the region open while any view lives
