@@ -217,3 +217,12 @@ def test_real_package_through_a_fresh_process(tmp_path):
         server.server.shutdown()
         server.server.server_close()
     assert all(package.revision in p for _, p in server.requests if "/resolve/" in p)
+
+
+@pytest.mark.parametrize("text, expected", [("always [madvise] never\n", "madvise"),
+                                            ("[always] madvise never\n", "always"), ("", None)])
+def test_doctor_reads_the_huge_pages_setting(tmp_path, text, expected):
+    setting = tmp_path / "enabled"
+    setting.write_text(text)
+    assert doctor.transparent_huge_pages(str(setting)) == expected
+    assert doctor.transparent_huge_pages(str(tmp_path / "absent")) is None

@@ -3,7 +3,8 @@
 Every decode step streams all of the decoder's matrices. Read through the checkpoint's file mapping (4 KiB
 pages) they stream measurably slower than from huge pages (tools/page_bench.py; TLB misses, and hardware
 prefetch stops at page edges). Matrices that view a file mapping are read from the file into the buffer,
-not copied through the mapping, so that the process does not hold both. Linux gives huge pages to memory
+not copied through the mapping, and the mapping's pages under them are let go, so that the process does not
+hold both. Linux gives huge pages to memory
 that asks for them (madvise) when transparent huge pages are "always" or "madvise"; elsewhere the buffer is
 ordinary memory.
 """
@@ -32,14 +33,33 @@ def huge_page_buffer(nbytes: int) -> np.ndarray:
     return whole[start:start + nbytes]
 
 
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
 def file_span(a: np.ndarray) -> tuple[str, int] | None:
     """(file, byte offset) where a C-contiguous array that views a np.memmap starts in its file, else None."""
-    root = a
-    while isinstance(root.base, np.ndarray):
-        root = root.base
+    root = _root(a)
     if not (isinstance(root, np.memmap) and root.filename and a.flags.c_contiguous):
         return None
     return str(root.filename), root.offset + a.ctypes.data - root.ctypes.data
+
+
+def release(a: np.ndarray) -> None:
+    """Let go of the file pages under an array that views a read-only np.memmap (the page cache keeps them; a
+    later read maps them again): the load's checks have read them, and the copy need not sit beside them in
+    the process's memory. Without numpy's handle on the mapping (`_mmap`, not public) they stay."""
+    root = _root(a)
+    mapping = getattr(root, "_mmap", None)
+    if mapping is None or getattr(root, "mode", None) != "r" or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    at = a.ctypes.data - root.ctypes.data + root.offset % mmap.ALLOCATIONGRANULARITY  # where in the mapping
+    first = -(-at // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages only: a neighbour's may share the edges
+    end = (at + a.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > first:
+        mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 def in_huge_pages(arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -59,6 +79,7 @@ def in_huge_pages(arrays: list[np.ndarray]) -> list[np.ndarray]:
                 if name not in files:
                     files[name] = open(name, "rb", buffering=0)
                 _read_into(files[name], offset, dest)
+                release(a)
             copy = dest.view(a.dtype).reshape(a.shape)
             copy.flags.writeable = False
             copies.append(copy)

@@ -38,7 +38,19 @@ def versions() -> dict:
 def system() -> dict:
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {"platform": platform.platform(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-            "cpus_usable": affinity, "implementation": platform.python_implementation()}
+            "cpus_usable": affinity, "implementation": platform.python_implementation(),
+            "transparent_huge_pages": transparent_huge_pages()}
+
+
+def transparent_huge_pages(path: str = "/sys/kernel/mm/transparent_hugepage/enabled") -> str | None:
+    """Linux's transparent huge pages setting (always, madvise or never: the bracketed choice), which decides
+    whether Model.load(huge_pages=True) gets them; None where there is no such setting."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            words = fh.read().split()
+    except OSError:
+        return None
+    return next((w.strip("[]") for w in words if w.startswith("[")), None)
 
 
 def backends() -> dict:
