@@ -17,8 +17,9 @@ DISTRIBUTIONS = ("numpy", "numba", "llvmlite", "gguf", "safetensors", "tokenizer
                  "soundfile", "soxr", "threadpoolctl", "cupy-cuda12x", "cupy")
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avx512bf16", "amx-tile")
 PROC_FLAGS = {"avx512bf16": "avx512_bf16", "avx512vnni": "avx512_vnni", "amx-tile": "amx_tile"}
-ENVIRONMENT = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
-               "NUMBA_THREADING_LAYER", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT", "HF_HUB_OFFLINE")
+ENVIRONMENT = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT", "MKL_NUM_THREADS",
+               "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT",
+               "HF_HUB_OFFLINE")
 SECRETS = ("HF_TOKEN",)  # reported as set or not, never shown
 
 
