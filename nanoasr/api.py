@@ -136,6 +136,7 @@ class Model:
                                    checkpoint.source.get("path", "tokenizer.json"))
         vectors = {name for name, (_, kind) in expected_tensors(self.config).items() if kind != "matrix"}
         self.weights = self.backend.place(checkpoint.tensors, vectors)
+        self._numba_products = self.backend.numba_products(self.weights)  # for thread_scope, once
         self.ctc = checkpoint.ctc
         if self.ctc is not None:
             self.ctc_weights = self.backend.place(self.ctc.tensors, ctc.vector_names(self.ctc))
@@ -160,7 +161,7 @@ class Model:
     def thread_scope(self):
         """A context in which this model's stages compute with its CPU threads (numba's and BLAS's; see
         Backend.numba_products)."""
-        return backend_mod.threads(self.threads, self.backend.numba_products(self.weights))
+        return backend_mod.threads(self.threads, self._numba_products)
 
     def check_options(self, language: str | None = None, word_timestamps: bool = False) -> None:
         """OptionError for what this model cannot do, before any audio is read: a language it was not trained

@@ -31,11 +31,11 @@ rerun_without_blas_vars()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from nanoasr import backend  # noqa: E402
 from nanoasr.backend import cpu as cpu_backend  # noqa: E402
 from nanoasr.kernels import amx, cpu  # noqa: E402
 from nanoasr.tensor import StoredTensor  # noqa: E402
@@ -76,11 +76,9 @@ def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict
     out, tile = np.empty((n, rows), np.float32), np.empty((TILE_ROWS, cols), np.float32)
     ms = {}
     if dtype == "bf16" and amx.available():
-        from threadpoolctl import threadpool_limits
-
         rounded = [StoredTensor(c, dtype, (rows, cols), activations="bf16") for c in copies]
         time.sleep(0.3)
-        with threadpool_limits(limits=1, user_api="blas"):
+        with backend.threads(None, numba_products=True):  # BLAS kept to one thread, as the model keeps it
             ms["AMX bf16"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), rounded, reps)
     ms["widen+BLAS"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), stored, reps)
     ms["BLAS f32"] = per_call_ms(lambda w: x @ w.T, wides, reps)
