@@ -1,5 +1,6 @@
-"""The activations option: Model(activations="int8") sends the few-row products over block-quantized weights
-(Q8_0, Q4_K, Q6_K) to the integer kernels, "exact" never does, and the CLI commands take it."""
+"""The activations option: Model(activations="int8") sends the products over block-quantized weights (Q8_0,
+Q4_K, Q6_K) to the integer kernels (few rows: int8_dot; many rows: the int8 GEMM, where AVX512-VNNI runs it),
+"exact" never does, and the CLI commands take it."""
 import numpy as np
 import pytest
 
@@ -27,12 +28,18 @@ def forced_logits(model, steps=6):
 
 
 def counting_int8_calls(monkeypatch) -> list:
-    calls, real = [], cpu.matvec_int8
+    """Rows of x and path ("gemm" for the many-row product) of each integer product."""
+    calls, few, many = [], cpu.matvec_int8, cpu.gemm_int8
 
     def spy(x, data, dtype, rows, cols, out, path):
         calls.append((len(x), path))
-        return real(x, data, dtype, rows, cols, out, path)
+        return few(x, data, dtype, rows, cols, out, path)
+
+    def gemm_spy(x, data, dtype, rows, cols, out):
+        calls.append((len(x), "gemm"))
+        return many(x, data, dtype, rows, cols, out)
     monkeypatch.setattr(cpu_backend.cpu, "matvec_int8", spy)
+    monkeypatch.setattr(cpu_backend.cpu, "gemm_int8", gemm_spy)
     return calls
 
 
@@ -44,7 +51,10 @@ def test_int8_activations_reach_the_integer_kernel(tiny_q8_0, monkeypatch):
     exact_logits = forced_logits(tiny_q8_0)
     assert calls == []
     int8_logits = forced_logits(int8)
-    assert calls and {p for _, p in calls} == {cpu_backend.host_path()} and max(n for n, _ in calls) <= 8
+    few = [n for n, p in calls if p != "gemm"]
+    many = [n for n, p in calls if p == "gemm"]
+    assert few and {p for _, p in calls if p != "gemm"} == {cpu_backend.host_path()} and max(few) <= 8
+    assert bool(many) == (cpu_backend.host_path() == "vnni") and min(many, default=9) > 8
     assert not np.array_equal(int8_logits, exact_logits)
 
 

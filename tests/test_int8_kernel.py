@@ -1,5 +1,6 @@
-"""The int8-activation products over Q8_0, Q4_K and Q6_K weights (nanoasr/kernels/int8_dot.py) against their
-numpy twin in nanoasr.ops, on every path this CPU can run (AVX2 forced where VNNI is present too)."""
+"""The int8-activation products over Q8_0, Q4_K and Q6_K weights (nanoasr/kernels/int8_dot.py, and the GEMM
+for many rows in int8_gemm.py) against their numpy twin in nanoasr.ops, on every path this CPU can run (AVX2
+forced where VNNI is present too)."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
@@ -10,9 +11,10 @@ from nanoasr.kernels import cpu
 from nanoasr.kernels.int8_dot import PATHS, host_path
 from nanoasr.tensor import StoredTensor
 
-RUNNABLE = {"vnni": ["vnni", "avx2"], "avx2": ["avx2"], None: []}[host_path()]
-paths = pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.skipif(
-    p not in RUNNABLE, reason=f"this CPU cannot run the {p} path")) for p in PATHS])
+# "gemm": cpu.gemm_int8, the many-row product (AVX512-VNNI)
+RUNNABLE = {"vnni": ["vnni", "avx2", "gemm"], "avx2": ["avx2"], None: []}[host_path()]
+paths = pytest.mark.parametrize("path", [pytest.param(p, marks=[pytest.mark.cpu_path, pytest.mark.skipif(
+    p not in RUNNABLE, reason=f"this CPU cannot run the {p} path")]) for p in PATHS + ("gemm",)])
 
 
 def q8_0(scales: np.ndarray, quants: np.ndarray) -> np.ndarray:
@@ -39,11 +41,13 @@ def random_weights(rng, kind, rows, cols):
 
 def product(x, data, kind, rows, path):
     out = np.full((len(x), rows), np.nan, np.float32)
+    if path == "gemm":
+        return cpu.gemm_int8(x, data, kind, rows, x.shape[1], out)
     return cpu.matvec_int8(x, data, kind, rows, x.shape[1], out, path)
 
 
 @paths
-@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 11])
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 11, 42])
 @pytest.mark.parametrize("kind, rows, cols", [  # odd row counts; an odd block count; two passes over columns
     ("q8_0", 37, 32 * 7), ("q8_0", 33, 32 * 130), ("q4_k", 37, 256 * 3), ("q4_k", 33, 256 * 17),
     ("q6_k", 37, 256 * 3), ("q6_k", 33, 256 * 17)])
@@ -68,7 +72,7 @@ def test_int8_product_matches_twin(path, n, kind, rows, cols):
 
 
 @paths
-@pytest.mark.parametrize("n", [1, 4, 7, 8])
+@pytest.mark.parametrize("n", [1, 4, 7, 8, 13])
 def test_int8_block_sums_are_exact(path, n):
     """Weight scale 1 and rows of integers reaching 127 in every block: scale 1, so the product is the exact
     integer dot product (weights include -128, rows -127)."""
@@ -85,7 +89,7 @@ def test_int8_block_sums_are_exact(path, n):
 
 
 @paths
-@pytest.mark.parametrize("n", [1, 4, 7, 8])
+@pytest.mark.parametrize("n", [1, 4, 7, 8, 13])
 def test_int8_q4_k_sums_are_exact(path, n):
     """Q4_K with d = dmin = 1 and every 6-bit scale and min 1 (value = quant - 1), rows of integers reaching
     127 in every block: the product is the exact integer dot product, the mins' term included."""
@@ -116,7 +120,7 @@ def test_twin_weight_blocks_are_the_stored_values(kind):
 
 
 @paths
-@pytest.mark.parametrize("n", [1, 4, 7, 8])
+@pytest.mark.parametrize("n", [1, 4, 7, 8, 13])
 def test_int8_q6_k_sums_are_exact(path, n):
     """Q6_K with d = 1 and every scale 1 (value = stored quant - 32, as the gguf package dequantizes it), rows
     of integers reaching 127 in every block: the product is the exact integer dot product."""
@@ -162,6 +166,12 @@ def test_int8_product_refuses_wrong_arguments():
     with pytest.raises(ValueError, match="int8 activations need q8_0, q4_k or q6_k weights; got 'bf16'"):
         cpu.matvec_int8(np.zeros((1, 256), np.float32), np.zeros((4, 256), np.uint16), "bf16", 4, 256,
                         np.zeros((1, 4), np.float32), "avx2")
+    with pytest.raises(ValueError, match="int8 activations need q8_0, q4_k or q6_k weights; got 'f16'"):
+        cpu.gemm_int8(np.zeros((9, 256), np.float32), np.zeros((4, 256), np.uint16), "f16", 4, 256,
+                      np.zeros((9, 4), np.float32))
+    with pytest.raises(ValueError, match="out must have"):
+        cpu.gemm_int8(np.zeros((9, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
+                      np.zeros((8, 4), np.float32))
 
 
 @paths
@@ -171,13 +181,14 @@ def test_int8_product_uses_the_integer_instructions(path, kind, nbytes):
     from numba import njit
 
     from nanoasr.kernels.int8_dot import MATVEC_INT8
+    from nanoasr.kernels.int8_gemm import GEMM_INT8
 
-    fresh = njit(parallel=True)(MATVEC_INT8[kind, path].py_func)
+    fresh = njit(parallel=True)((GEMM_INT8[kind] if path == "gemm" else MATVEC_INT8[kind, path]).py_func)
     per = 32 if kind == "q8_0" else 256
     fresh(np.ones((1, 2 * per), np.float32), np.zeros((4, 2 * nbytes), np.uint8), 2,
           np.empty((1, 4), np.float32))
     asm = "".join(fresh.inspect_asm().values())
-    if path == "vnni":
+    if path in ("vnni", "gemm"):
         assert "\tvpdpbusd\t" in asm
     else:  # where VNNI is present LLVM fuses vpmaddwd with the add after it into vpdpwssd
         assert "\tvpmaddubsw\t" in asm and ("\tvpmaddwd\t" in asm or "\tvpdpwssd\t" in asm)

@@ -86,6 +86,9 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
         if w.activations == "int8" and host_path() is not None:
             return cpu.matvec_int8(x, w.data, w.dtype, out_features, in_features, out, host_path())
         return cpu.matvec(x, w.data, w.dtype, out_features, in_features, out)
+    if w.activations == "int8" and host_path() == "vnni":
+        return cpu.gemm_int8(x, w.data, w.dtype, out_features, in_features,
+                             np.empty((len(x), out_features), np.float32))
     if w.dtype == "f32":
         return x @ w.data.T
     wide = cpu.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))

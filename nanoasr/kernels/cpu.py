@@ -12,6 +12,7 @@ import numpy as np
 from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.int8_dot import KINDS as MATVEC_INT8_KINDS
 from nanoasr.kernels.int8_dot import MATVEC_INT8
+from nanoasr.kernels.int8_gemm import GEMM_INT8
 from nanoasr.kernels.matvec import MATVEC
 from nanoasr.kernels.widen import WIDEN
 from nanoasr.storage import STORED_NUMPY
@@ -72,6 +73,18 @@ def matvec_int8(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: in
     data = _product_operands(x, data, dtype, rows, cols, out)
     for b in range(0, x.shape[0], 8):
         MATVEC_INT8[dtype, path](x[b:b + 8], data, cols // BLOCKS[dtype].size, out[b:b + 8])
+    return out
+
+
+def gemm_int8(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int,
+              out: np.ndarray) -> np.ndarray:
+    """out[B, rows] = x[B, cols] @ W.T for W in `dtype` (q8_0, q4_k, q6_k), x quantized per 32-column block to
+    int8 as matvec_int8 quantizes it, for many rows of x: the weights packed once for all of them
+    (int8_gemm.py; AVX512-VNNI)."""
+    if dtype not in GEMM_INT8:
+        raise ValueError(f"int8 activations need q8_0, q4_k or q6_k weights; got {dtype!r}")
+    data = _product_operands(x, data, dtype, rows, cols, out)
+    GEMM_INT8[dtype](x, data, cols // BLOCKS[dtype].size, out)
     return out
 
 

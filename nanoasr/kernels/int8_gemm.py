@@ -1,0 +1,232 @@
+"""Many rows of x times Q8_0, Q4_K or Q6_K weights in int8 (AVX512-VNNI): the encoder's and the prefill's
+products with int8 activations, ggml's numerics for the block types, without widening the weights to float32.
+
+x [n, K] is quantized per 32-column block as the decode products quantize it (int8_dot: d = amax/127, q = x/d
+rounded to nearest, ties to even). Each task packs 32 rows of W once, for all rows of x: per 32 values, 8
+lines of 64 bytes, line g holding quants 4g..4g+3 of each of 16 weight rows as unsigned bytes (Q8_0's plus
+128, Q4_K's 0..15, Q6_K's stored 0..63), so that one vpdpbusd multiplies four int8 of one row of x,
+broadcast, into 16 weight rows at once; and the rows' scales (and Q4_K's mins) as float32. A kernel call takes
+4 rows of x against the 32 weight rows: per 32 values (per 16 for Q6_K's scales), 8 (4) vpdpbusd steps into
+int32 accumulators that start at minus the offset times the sum of x's int8 they meet (128 for Q8_0, 32 for
+Q6_K; nothing for Q4_K), then one multiply-add each into float32 by dw * dx; Q4_K then subtracts
+dmin * m times dx times the sum of the block's int8. Out[r, j] sums these terms over the blocks in order: the
+decode kernel's terms, summed in another order. The numpy twin is nanoasr.ops.int8_matmul_xp.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from nanoasr.kernels.amx import _store_line
+from nanoasr.kernels.blocks import BLOCKS
+from nanoasr.kernels.int8_dot import I32X16, _Q4KInt8, _Q6KInt8
+from nanoasr.kernels.vector_ir import F32, I8, I32, V16, bytes_of, i64, lanes, load_vector, mac
+
+PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
+X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 16 lanes
+KINDS = ("q8_0", "q4_k", "q6_k")
+SCALES = {"q8_0": 1, "q4_k": 1, "q6_k": 2}  # weight scales per 32 values
+
+
+class _Builder:
+    """The `b` that int8_dot's Q4_K and Q6_K decoding methods read: their quants and scales, reused here."""
+
+    def __init__(self, builder):
+        self.b = builder
+
+
+def _sub_blocks(b, kind, blk):
+    """A block of `kind` at blk as ([<32 x i8> unsigned quants of each 32 values], [scale per SCALES[kind]
+    values, float], [negated min per 32 values, float] or None)."""
+    if kind == "q8_0":
+        scale = b.fpext(b.bitcast(load_vector(b, blk, 0, ir.IntType(16), 1), ir.VectorType(ir.HalfType(), 1)),
+                        ir.VectorType(F32, 1))
+        return [b.xor(load_vector(b, blk, 2, I8, 32), bytes_of(-128))], [scale], None
+    decode = _Builder(b)
+    made = _Q4KInt8 if kind == "q4_k" else _Q6KInt8
+    scales, mins = made.scales(decode, blk)
+    quants = []
+    for c in range(4):
+        v = made.quants(decode, blk, c)
+        quants += [lanes(b, v, range(32 * h, 32 * h + 32)) for h in range(2)]
+    return quants, [scales], None if mins is None else [mins]
+
+
+def _scatter(b, vectors, base, stride, lane):
+    """Lane i of each float vector (in order, i counted across them) to base[(i * stride) + lane]."""
+    i = 0
+    for v in vectors:
+        for e in range(v.type.count):
+            b.store(b.extract_element(v, ir.Constant(I32, e)), b.gep(base, [b.add(i64(i * stride), lane)]))
+            i += 1
+
+
+@intrinsic(prefer_literal=True)
+def _pack_panel(typingctx, kind, data, r0, nb, packed, scales, mins):
+    """packed [32nb', 2, 8, 64] uint8 = weight rows r0.. r0+31 of `kind` data with nb blocks a row (the last
+    row repeated past the end) as the kernel reads them (module docstring); scales [SCALES * nb', 32] and
+    mins [nb', 32] float32 (nb' = nb * values per block / 32): their scales and negated mins, per row."""
+    if not isinstance(kind, types.StringLiteral):
+        return None
+    name = kind.literal_value
+
+    def codegen(context, builder, sig, args):
+        da, pa, sa, ma = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (1, 4, 5, 6))
+        r0, nb = args[2], args[3]
+        b = builder
+        size, nbytes = BLOCKS[name].size, BLOCKS[name].nbytes
+        rows = cgutils.unpack_tuple(b, da.shape)[0]
+        stride = cgutils.unpack_tuple(b, da.strides)[0]
+        base = b.bitcast(da.data, ir.PointerType(I8))
+        words = b.bitcast(pa.data, ir.PointerType(I32))
+        last = b.sub(rows, i64(1))
+        with cgutils.for_range(b, i64(PANEL)) as j:
+            r = b.add(r0, j.index)
+            r = b.select(b.icmp_signed("<", r, rows), r, last)
+            row = b.gep(base, [b.mul(r, stride)])
+            group, lane = b.udiv(j.index, i64(16)), b.urem(j.index, i64(16))
+            with cgutils.for_range(b, nb) as kb:
+                blk = b.gep(row, [b.mul(kb.index, i64(nbytes))])
+                quants, scale, negmins = _sub_blocks(b, name, blk)
+                first_sub = b.mul(kb.index, i64(size // 32))
+                at = b.add(b.mul(first_sub, i64(SCALES[name] * PANEL)), j.index)
+                _scatter(b, scale, b.gep(sa.data, [at]), PANEL, i64(0))
+                if negmins is not None:
+                    _scatter(b, negmins, b.gep(ma.data, [b.add(b.mul(first_sub, i64(PANEL)), j.index)]),
+                             PANEL, i64(0))
+                for s, q in enumerate(quants):
+                    first = b.add(b.mul(b.add(b.mul(b.add(first_sub, i64(s)), i64(2)), group), i64(8 * 16)),
+                                  lane)
+                    q = b.bitcast(q, ir.VectorType(I32, 8))
+                    for g in range(8):
+                        b.store(b.extract_element(q, ir.Constant(I32, g)),
+                                b.gep(words, [b.add(first, i64(16 * g))]))
+        return context.get_dummy_value()
+    return types.none(kind, data, r0, nb, packed, scales, mins), codegen
+
+
+def _splat(b, value, ty):
+    return lanes(b, b.insert_element(ir.Constant(ty, None), value, ir.Constant(I32, 0)), [0] * 16)
+
+
+@intrinsic(prefer_literal=True)
+def _rows_times_panel(typingctx, kind, packed, scales, mins, q, d, sums, x0, out, col0):
+    """out[x0.. x0+3 (those out has), col0.. col0+31 (those out has)] = rows x0.. of x (q int8 [n', 32nb], d
+    float32 [n', nb], sums int32 [n', 2nb]: each 16 values' sum of q) times the packed panel of `kind`."""
+    if not isinstance(kind, types.StringLiteral):
+        return None
+    name = kind.literal_value
+
+    def codegen(context, builder, sig, args):
+        pa, sa, ma, qa, da, ta, oa = (context.make_array(sig.args[i])(context, builder, args[i])
+                                      for i in (1, 2, 3, 4, 5, 6, 8))
+        x0, col0 = args[7], args[9]
+        b = builder
+        nb = cgutils.unpack_tuple(b, da.shape)[1]
+        qrows = [b.gep(qa.data, [b.mul(b.add(x0, i64(r)), b.mul(nb, i64(32)))]) for r in range(X_ROWS)]
+        drows = [b.mul(b.add(x0, i64(r)), nb) for r in range(X_ROWS)]
+        words = b.bitcast(pa.data, ir.PointerType(I32))
+        acc = [[cgutils.alloca_once_value(b, ir.Constant(V16, None)) for _ in range(2)]
+               for _ in range(X_ROWS)]
+        vpdpbusd = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32X16, [I32X16] * 3),
+                                                  "llvm.x86.avx512.vpdpbusd.512")
+        with cgutils.for_range(b, nb) as kb:
+            k = kb.index
+            # each row's two sums of 16 q in this block
+            halves = [[b.load(b.gep(ta.data, [b.add(b.mul(b.add(drows[r], k), i64(2)), i64(h))]))
+                       for h in range(2)] for r in range(X_ROWS)]
+            if name == "q8_0":  # (start of the integer sums, their fours, scale index) per part of the block
+                parts = [([b.mul(b.add(*hv), ir.Constant(I32, -128)) for hv in halves], range(8), k)]
+            elif name == "q4_k":
+                parts = [([ir.Constant(I32, 0)] * X_ROWS, range(8), k)]
+            else:
+                parts = [([b.mul(hv[h], ir.Constant(I32, -32)) for hv in halves], range(4 * h, 4 * h + 4),
+                          b.add(b.mul(k, i64(2)), i64(h))) for h in range(2)]
+            line0 = b.mul(k, i64(2 * 8 * 16))
+            dx = [_splat(b, b.load(b.gep(da.data, [b.add(drows[r], k)])), V16) for r in range(X_ROWS)]
+            for starts, fours, index in parts:
+                sums = [[_splat(b, start, I32X16)] * 2 for start in starts]
+                for g in fours:
+                    w = [load_vector(b, b.gep(words, [b.add(line0, i64(16 * (8 * c + g)))]), 0, I32, 16)
+                         for c in range(2)]
+                    for r in range(X_ROWS):
+                        four = b.load(b.bitcast(b.gep(qrows[r], [b.add(b.mul(k, i64(32)), i64(4 * g))]),
+                                                ir.PointerType(I32)))
+                        four.align = 1
+                        xb = _splat(b, four, I32X16)
+                        sums[r] = [b.call(vpdpbusd, [sums[r][c], w[c], xb]) for c in range(2)]
+                dw = [load_vector(b, b.gep(sa.data, [b.add(b.mul(index, i64(PANEL)), i64(16 * c))]), 0, F32,
+                                  16) for c in range(2)]
+                for r in range(X_ROWS):
+                    for c in range(2):
+                        mac(b, acc[r][c], b.sitofp(sums[r][c], V16), b.fmul(dw[c], dx[r]))
+            if name == "q4_k":  # less min * the block's sum of x
+                mn = [load_vector(b, b.gep(ma.data, [b.add(b.mul(k, i64(PANEL)), i64(16 * c))]), 0, F32, 16)
+                      for c in range(2)]
+                for r in range(X_ROWS):
+                    xs = b.fmul(dx[r], _splat(b, b.sitofp(b.add(*halves[r]), F32), V16))
+                    for c in range(2):
+                        mac(b, acc[r][c], mn[c], xs)
+        m, n = cgutils.unpack_tuple(b, oa.shape)
+        for r in range(X_ROWS):
+            row = b.add(x0, i64(r))
+            with b.if_then(b.icmp_signed("<", row, m)):
+                for c in range(2):
+                    col = b.add(col0, i64(16 * c))
+                    with b.if_then(b.icmp_signed("<", col, n)):
+                        at = b.gep(oa.data, [b.add(b.mul(row, n), col)])
+                        _store_line(b, at, b.load(acc[r][c]), b.sub(n, col))
+        return context.get_dummy_value()
+    return types.none(kind, packed, scales, mins, q, d, sums, x0, out, col0), codegen
+
+
+@njit(parallel=True, cache=True)
+def _quantized_rows(x, nb):  # x float32 [n, >= 32nb] -> q int8 [n', 32nb], d float32 [n', nb], sums int32
+    # [n', 2nb] (each 16 values' sum of q); n' = n rounded up to X_ROWS, zeros past n
+    n = x.shape[0]
+    padded = (n + X_ROWS - 1) // X_ROWS * X_ROWS
+    q = np.zeros((padded, 32 * nb), np.int8)
+    d = np.zeros((padded, nb), np.float32)
+    sums = np.zeros((padded, 2 * nb), np.int32)
+    for r in prange(n):
+        for k in range(nb):
+            amax = np.float32(0)
+            for i in range(32):
+                amax = max(amax, abs(x[r, 32 * k + i]))
+            scale = amax / np.float32(127)
+            inverse = np.float32(1) / scale if scale > 0 else np.float32(0)
+            d[r, k] = scale
+            for h in range(2):
+                total = 0
+                for i in range(32 * k + 16 * h, 32 * k + 16 * h + 16):
+                    v = np.int32(np.rint(x[r, i] * inverse))
+                    q[r, i] = v
+                    total += v
+                sums[r, 2 * k + h] = total
+    return q, d, sums
+
+
+def _driver(kind: str):
+    """The product for `kind`: x float32 [n, >= 32nb'] @ W.T -> out float32 [n, rows], W `kind` data of nb
+    whole blocks a row (nb' = nb * values per block / 32)."""
+    per = BLOCKS[kind].size // 32
+    scales_per = SCALES[kind]
+
+    def gemm(x, data, nb, out):
+        q, d, sums = _quantized_rows(x, nb * per)
+        panels = (data.shape[0] + PANEL - 1) // PANEL
+        for t in prange(panels):
+            packed = np.empty((nb * per, 2, 8, 64), np.uint8)
+            scales = np.empty((nb * per * scales_per, PANEL), np.float32)
+            mins = np.empty((nb * per, PANEL), np.float32)
+            _pack_panel(kind, data, t * PANEL, nb, packed, scales, mins)
+            for x0 in range(0, q.shape[0], X_ROWS):
+                _rows_times_panel(kind, packed, scales, mins, q, d, sums, x0, out, t * PANEL)
+    gemm.__name__ = gemm.__qualname__ = f"gemm_{kind}_int8"
+    return njit(parallel=True, cache=True)(gemm)
+
+
+GEMM_INT8 = {kind: _driver(kind) for kind in KINDS}
