@@ -120,7 +120,7 @@ class Model:
                  batch_size: int = BATCH_SIZE, activations: str = "exact", huge_pages: bool = False):
         """`batch_size`: segments of one call decoded together, at most (each in its own KV-cache row);
         `activations`: "exact" (float32 rows), "int8" (rows quantized per block against Q8_0, Q4_K and
-        Q6_K weights while decoding, as ggml does) or "bf16" (rows rounded to bf16 against BF16 weights and
+        Q6_K weights, as ggml does) or "bf16" (rows rounded to bf16 against BF16 weights and
         in the encoder's and prefill's attention, on AMX tiles where the CPU has them); see
         nanoasr.backend.ACTIVATIONS. `huge_pages`: on the CPU, read the weight matrices into a private copy in
         2 MiB pages, from which decoding streams them faster, instead of reading them through the

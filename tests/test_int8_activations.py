@@ -69,6 +69,9 @@ def test_int8_activations_mark_the_block_types_but_not_dense_ones():
     assert {k: t.activations for k, t in placed.items()} == {
         "q8_0": "int8", "q4_k": "int8", "q6_k": "int8", "bf16": "exact"}
     assert {t.activations for t in CPU.place(tensors, set()).values()} == {"exact"}
+    # the int8 GEMM runs the many-row products where the CPU has VNNI: BLAS is then kept to one thread
+    assert CPU.numba_products(placed) == (cpu_backend.host_path() == "vnni")
+    assert not CPU.numba_products(CPU.place(tensors, set()))
 
 
 def test_without_an_integer_path_int8_falls_back_to_the_float_product(tiny_q8_0, monkeypatch):

@@ -3,14 +3,15 @@
     python tools/activation_drift.py MODEL [MODEL ...] [--activations int8|bf16] [--tiny] [--rounds 5]
                                      [--report PATH]
 
-int8: Q8_0, Q4_K and Q6_K matrices take int8 rows while decoding (MODEL: block-quantized GGUFs). bf16: BF16
-matrices and attention take bf16 rows (MODEL: BF16 checkpoints).
+int8: Q8_0, Q4_K and Q6_K matrices take int8 rows while decoding, and in the encoder, adaptor and prefill
+where the CPU has AVX512-VNNI (MODEL: block-quantized GGUFs). bf16: BF16 matrices and attention take bf16 rows
+(MODEL: BF16 checkpoints).
 For each model (--tiny adds the committed tiny checkpoint, converted to Q8_0 for int8): on speech-like clips
 (tools/synth.py), the exact path's greedy ids are decoded; both paths are then forced along them (teacher
 forcing, so one early difference does not cascade) and compared step by step: top-1 agreement and the mean
 KL(exact || other) per token; each path's own greedy ids are compared as well. Speed, on each model given
-(not the tiny one), in interleaved rounds (exact, other, exact, other, ...), medians with min and max: for
-int8 decode ms/token after one prefill each, for bf16 encoder + adaptor ms on 30 s (the products it changes).
+(not the tiny one), in interleaved rounds (exact, other, exact, other, ...), medians with min and max:
+encoder + adaptor ms on 30 s, and for int8 also decode ms/token after one prefill each.
 """
 from __future__ import annotations
 
@@ -82,26 +83,28 @@ def audio_ms(model, feats, mask) -> float:
 
 
 def speed(exact, other, rounds: int, steps: int) -> dict:
-    """Interleaved rounds, {path: [ms per round]}: int8, decode ms/token after a 10 s clip's prompt; bf16,
-    encoder + adaptor on 30 s."""
+    """Interleaved rounds, {figure: {path: [ms per round]}}: encoder + adaptor on 30 s; int8 also decode
+    ms/token after a 10 s clip's prompt."""
     from tools.parity import stage_outputs
     from tools.synth import speech_like
 
     name = other.backend.activations
+    feats, mask = exact.features([speech_like(30.0, 2)], "funasr")
+    figures = {"Encoder + adaptor ms, 30 s clip": lambda model: audio_ms(model, feats, mask)}
     if name == "int8":
         embeds = stage_outputs(exact, speech_like(10.0, 2), "funasr", {})["embeds"]
-        measure = lambda model: decode_ms(model, embeds, steps)  # noqa: E731
-    else:
-        feats, mask = exact.features([speech_like(30.0, 2)], "funasr")
-        measure = lambda model: audio_ms(model, feats, mask)  # noqa: E731
-    times = {"exact": [], name: []}
+        figures[f"Decode ms/token, 10 s clip, {steps} steps a round"] = lambda model: decode_ms(model, embeds,
+                                                                                                steps)
+    times = {figure: {"exact": [], name: []} for figure in figures}
     for model in (exact, other):  # compiled and warm
         with model.thread_scope():
-            measure(model)
+            for measure in figures.values():
+                measure(model)
     for _ in range(rounds):
         for model in (exact, other):
             with model.thread_scope():
-                times[model.backend.activations].append(measure(model))
+                for figure, measure in figures.items():
+                    times[figure][model.backend.activations].append(measure(model))
     return times
 
 
@@ -148,13 +151,13 @@ def report(results: dict, times: dict, args, cpu: str) -> str:
             same = "identical" if r["greedy_equal"] else f"differ from step {r['first_difference']}"
             lines.append(f"| {name} | {r['clip']} | {r['top1']:.4f} | {r['kl']:.2e} | {r['kl_max']:.2e} "
                          f"| {same} |")
-    if times:
-        what = (f"Decode ms/token, 10 s clip, {args.steps} steps a round" if other == "int8"
-                else "Encoder + adaptor ms, 30 s clip")
-        lines += ["", f"{what}, {args.rounds} interleaved rounds (exact, {other}, ...) per model:", "",
+    figures = {figure for per_model in times.values() for figure in per_model}
+    for figure in sorted(figures):
+        lines += ["", f"{figure}, {args.rounds} interleaved rounds (exact, {other}, ...) per model:", "",
                   f"| model | path | median | min | max | {other} / exact (medians) |",
                   "|---|---|---|---|---|---|"]
-        for name, paths in times.items():
+        for name, per_model in times.items():
+            paths = per_model[figure]
             med = {k: float(np.median(v)) for k, v in paths.items()}
             ratio = {"exact": "", other: f"{med[other] / med['exact']:.3f}"}
             lines += [f"| {name} | {k} | {med[k]:.1f} | {min(v):.1f} | {max(v):.1f} | {ratio[k]} |"

@@ -12,7 +12,9 @@ multiplies with BLAS. For each shape, row count and stored type this times, in m
               BLAS product (the widened copy is never written to memory);
   AMX bf16    (BF16 weights, on CPUs with AMX) the product with bf16 activations: rows rounded to bf16,
               AMX tiles reading the stored matrix (kernels/amx.py), BLAS kept to one thread as the model
-              keeps it (first, after a pause: BLAS's threads spin for a while after the previous shape).
+              keeps it (first, after a pause: BLAS's threads spin for a while after the previous shape);
+  int8 GEMM   (Q8_0, Q4_K, Q6_K weights, on CPUs with AVX512-VNNI) the product with int8 activations: rows
+              quantized per 32 columns, weights packed per task (kernels/int8_gemm.py).
 The weights come from distinct copies of the matrix that overflow the last-level cache, as in a forward pass.
 Rows: 167 and 500 are the encoder's frames for 10 s and 30 s, 196 a prefill, 1568 eight prefills together.
 Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as users' machines have them.
@@ -38,6 +40,7 @@ import numpy as np  # noqa: E402
 from nanoasr import backend  # noqa: E402
 from nanoasr.backend import cpu as cpu_backend  # noqa: E402
 from nanoasr.kernels import amx, cpu  # noqa: E402
+from nanoasr.kernels.int8_dot import host_path  # noqa: E402
 from nanoasr.tensor import StoredTensor  # noqa: E402
 from tools.kernel_bench import COLD_BYTES, stored_matrix  # noqa: E402
 
@@ -80,6 +83,9 @@ def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict
         time.sleep(0.3)
         with backend.threads(None, numba_products=True):  # BLAS kept to one thread, as the model keeps it
             ms["AMX bf16"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), rounded, reps)
+    if dtype in cpu.MATVEC_INT8_KINDS and host_path() == "vnni":
+        int8 = [StoredTensor(c, dtype, (rows, cols), activations="int8") for c in copies]
+        ms["int8 GEMM"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), int8, reps)
     ms["widen+BLAS"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), stored, reps)
     ms["BLAS f32"] = per_call_ms(lambda w: x @ w.T, wides, reps)
     ms["tiled"] = per_call_ms(lambda w: tiled(x, w, out, tile), stored, reps)
@@ -104,7 +110,9 @@ def main(argv=None) -> int:
     print(f"threads {args.threads}, {platform.processor() or platform.machine()}; ms per product (median), "
           f"GFLOP/s in brackets\n")
     tiles = "bf16" in args.dtypes and amx.available()
-    columns = ("widen+BLAS", "BLAS f32", "tiled") + (("AMX bf16",) if tiles else ())
+    int8 = host_path() == "vnni" and any(d in cpu.MATVEC_INT8_KINDS for d in args.dtypes)
+    columns = (("widen+BLAS", "BLAS f32", "tiled") + (("AMX bf16",) if tiles else ())
+               + (("int8 GEMM",) if int8 else ()))
     print("| type | rows | shape | " + " | ".join(columns) + " | widening's share |")
     print("|---|---|---|" + "---|" * (len(columns) + 1))
     rng = np.random.default_rng(0)

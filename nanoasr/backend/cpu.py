@@ -96,8 +96,10 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
 
 
 def numba_products(weights: dict) -> bool:
-    """Whether the AMX tiles run the large products (weights placed for bf16 activations)."""
-    return amx.available() and any(getattr(t, "activations", None) == "bf16" for t in weights.values())
+    """Whether numba's kernels run the large products: AMX tiles for weights placed for bf16 activations, the
+    int8 GEMM (AVX512-VNNI) for weights placed for int8 activations."""
+    marks = {getattr(t, "activations", None) for t in weights.values()}
+    return amx.available() and "bf16" in marks or host_path() == "vnni" and "int8" in marks
 
 
 def _widen_buffer(rows: int, cols: int) -> np.ndarray:

@@ -76,9 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="CPU threads for numba and BLAS (default: all cores)")
     model.add_argument("--activations", default="exact", choices=ACTIVATIONS,
                        help="exact: float32 rows in every product; int8: rows quantized per block "
-                            "against Q8_0/Q4_K/Q6_K weights in decoding, as llama.cpp does (AVX2 or "
-                            "AVX512-VNNI); bf16: rows rounded to bf16 against BF16 weights and in "
-                            "attention, as Transformers' bf16 does (AMX tiles where the CPU has them)")
+                            "against Q8_0/Q4_K/Q6_K weights, as llama.cpp does (decoding: AVX2 or "
+                            "AVX512-VNNI; encoder and prefill: AVX512-VNNI); bf16: rows rounded to bf16 "
+                            "against BF16 weights and in attention, as Transformers' bf16 does (AMX "
+                            "tiles where the CPU has them)")
     model.add_argument("--huge-pages", action="store_true",
                        help="read the weight matrices into a private copy in 2 MiB pages, from which "
                             "decoding streams them faster (more memory and load time; see docs/cli.md)")

@@ -1,9 +1,10 @@
-"""Numba CPU kernels over weights in their stored type: x @ W.T for a few rows of x, and widening to float32.
+"""Numba CPU kernels over weights in their stored type: x @ W.T for a few rows of x, x quantized to int8
+against block-quantized W for any number of rows, and widening to float32.
 
 The entry points check their arguments and call one driver per storage type: matvec.py (the product, its
-inner loop in rows_dot.py) and widen.py, both over the block decoders of blocks.py, written as LLVM vector
-code with vector_ir.py. Importing this module compiles nothing; each driver compiles on its first call and is
-cached on disk (cache=True).
+inner loop in rows_dot.py), int8_dot.py and int8_gemm.py (int8 rows) and widen.py, over the block layouts of
+blocks.py, written as LLVM vector code with vector_ir.py. Importing this module compiles nothing; each driver
+compiles on its first call and is cached on disk (cache=True).
 """
 from __future__ import annotations
 
