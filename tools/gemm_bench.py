@@ -14,7 +14,8 @@ multiplies with BLAS. For each shape, row count and stored type this times, in m
               AMX tiles reading the stored matrix (kernels/amx.py), BLAS kept to one thread as the model
               keeps it (first, after a pause: BLAS's threads spin for a while after the previous shape);
   int8 GEMM   (Q8_0, Q4_K, Q6_K weights, on CPUs with AVX512-VNNI) the product with int8 activations: rows
-              quantized per 32 columns, weights packed per task (kernels/int8_gemm.py).
+              quantized per 32 columns, weights packed per task (kernels/int8_gemm.py); BLAS kept to one
+              thread and a pause first, as for the tiles.
 The weights come from distinct copies of the matrix that overflow the last-level cache, as in a forward pass.
 Rows: 167 and 500 are the encoder's frames for 10 s and 30 s, 196 a prefill, 1568 eight prefills together.
 Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as users' machines have them.
@@ -85,7 +86,9 @@ def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict
             ms["AMX bf16"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), rounded, reps)
     if dtype in cpu.MATVEC_INT8_KINDS and host_path() == "vnni":
         int8 = [StoredTensor(c, dtype, (rows, cols), activations="int8") for c in copies]
-        ms["int8 GEMM"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), int8, reps)
+        time.sleep(0.3)
+        with backend.threads(None, numba_products=True):  # as the model runs it
+            ms["int8 GEMM"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), int8, reps)
     ms["widen+BLAS"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), stored, reps)
     ms["BLAS f32"] = per_call_ms(lambda w: x @ w.T, wides, reps)
     ms["tiled"] = per_call_ms(lambda w: tiled(x, w, out, tile), stored, reps)
