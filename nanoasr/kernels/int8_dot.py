@@ -45,6 +45,15 @@ def host_path() -> str | None:
     return "avx2" if features.get("avx2") else None
 
 
+@njit(inline="always")
+def block_scale(x, r, k):  # row r's block k of 32 columns of x -> scale d = amax/127 and 1/d (0 for zeros)
+    amax = np.float32(0)
+    for i in range(32):
+        amax = max(amax, abs(x[r, 32 * k + i]))
+    scale = amax / np.float32(127)
+    return scale, np.float32(1) / scale if scale > 0 else np.float32(0)
+
+
 @njit(cache=True)
 def _quantized(x, nb):  # x float32 [n <= 8, >= 32*nb] -> q int8 [pairs, nx, 64], d f32 [pairs, nx, 2],
     # bias int32 [pairs, nx, 16], sums f32 [pairs, nx, 2] (pairs = ceil(nb/2): blocks 2p and 2p+1 of row r
@@ -59,11 +68,7 @@ def _quantized(x, nb):  # x float32 [n <= 8, >= 32*nb] -> q int8 [pairs, nx, 64]
     sums = np.zeros((pairs, nx, 2), np.float32)
     for r in range(x.shape[0]):
         for k in range(nb):
-            amax = np.float32(0)
-            for i in range(32):
-                amax = max(amax, abs(x[r, 32 * k + i]))
-            scale = amax / np.float32(127)
-            inverse = np.float32(1) / scale if scale > 0 else np.float32(0)
+            scale, inverse = block_scale(x, r, k)
             p, h = k // 2, 32 * (k % 2)
             d[p, r, k % 2] = scale
             total = 0

@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 
 from nanoasr.kernels.amx import _store_line
 from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.int8_dot import I32X16, _Q4KInt8, _Q6KInt8
+from nanoasr.kernels.int8_dot import I32X16, _Q4KInt8, _Q6KInt8, block_scale
 from nanoasr.kernels.vector_ir import F32, I8, I32, V16, bytes_of, i64, lanes, load_vector, mac
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
@@ -39,12 +39,12 @@ class _Builder:
 
 
 def _sub_blocks(b, kind, blk):
-    """A block of `kind` at blk as ([<32 x i8> unsigned quants of each 32 values], [scale per SCALES[kind]
-    values, float], [negated min per 32 values, float] or None)."""
+    """A block of `kind` at blk as ([<32 x i8> unsigned quants of each 32 values], <n x float> its scales (one
+    per 32 / SCALES[kind] values), <m x float> its negated mins (one per 32 values) or None)."""
     if kind == "q8_0":
         scale = b.fpext(b.bitcast(load_vector(b, blk, 0, ir.IntType(16), 1), ir.VectorType(ir.HalfType(), 1)),
                         ir.VectorType(F32, 1))
-        return [b.xor(load_vector(b, blk, 2, I8, 32), bytes_of(-128))], [scale], None
+        return [b.xor(load_vector(b, blk, 2, I8, 32), bytes_of(-128))], scale, None
     decode = _Builder(b)
     made = _Q4KInt8 if kind == "q4_k" else _Q6KInt8
     scales, mins = made.scales(decode, blk)
@@ -52,16 +52,13 @@ def _sub_blocks(b, kind, blk):
     for c in range(4):
         v = made.quants(decode, blk, c)
         quants += [lanes(b, v, range(32 * h, 32 * h + 32)) for h in range(2)]
-    return quants, [scales], None if mins is None else [mins]
+    return quants, scales, mins
 
 
-def _scatter(b, vectors, base, stride, lane):
-    """Lane i of each float vector (in order, i counted across them) to base[(i * stride) + lane]."""
-    i = 0
-    for v in vectors:
-        for e in range(v.type.count):
-            b.store(b.extract_element(v, ir.Constant(I32, e)), b.gep(base, [b.add(i64(i * stride), lane)]))
-            i += 1
+def _scatter(b, v, base, stride):
+    """Lane i of the float vector v to base[i * stride]."""
+    for i in range(v.type.count):
+        b.store(b.extract_element(v, ir.Constant(I32, i)), b.gep(base, [i64(i * stride)]))
 
 
 @intrinsic(prefer_literal=True)
@@ -93,10 +90,10 @@ def _pack_panel(typingctx, kind, data, r0, nb, packed, scales, mins):
                 quants, scale, negmins = _sub_blocks(b, name, blk)
                 first_sub = b.mul(kb.index, i64(size // 32))
                 at = b.add(b.mul(first_sub, i64(SCALES[name] * PANEL)), j.index)
-                _scatter(b, scale, b.gep(sa.data, [at]), PANEL, i64(0))
+                _scatter(b, scale, b.gep(sa.data, [at]), PANEL)
                 if negmins is not None:
-                    _scatter(b, negmins, b.gep(ma.data, [b.add(b.mul(first_sub, i64(PANEL)), j.index)]),
-                             PANEL, i64(0))
+                    at = b.add(b.mul(first_sub, i64(PANEL)), j.index)
+                    _scatter(b, negmins, b.gep(ma.data, [at]), PANEL)
                 for s, q in enumerate(quants):
                     first = b.add(b.mul(b.add(b.mul(b.add(first_sub, i64(s)), i64(2)), group), i64(8 * 16)),
                                   lane)
@@ -193,11 +190,7 @@ def _quantized_rows(x, nb):  # x float32 [n, >= 32nb] -> q int8 [n', 32nb], d fl
     sums = np.zeros((padded, 2 * nb), np.int32)
     for r in prange(n):
         for k in range(nb):
-            amax = np.float32(0)
-            for i in range(32):
-                amax = max(amax, abs(x[r, 32 * k + i]))
-            scale = amax / np.float32(127)
-            inverse = np.float32(1) / scale if scale > 0 else np.float32(0)
+            scale, inverse = block_scale(x, r, k)
             d[r, k] = scale
             for h in range(2):
                 total = 0
