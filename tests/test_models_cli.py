@@ -149,7 +149,7 @@ def test_usage_errors_exit_2(capsys, argv):
 def test_doctor_text_sections(hf_env, fake_hub, capsys):
     code, out, _ = run(capsys, "doctor", "--model", "q8")
     assert code == 0
-    sections = ("versions", "system", "backends", "blas", "numba", "cpu", "environment", "model")
+    sections = ("versions", "system", "backends", "blas", "numba", "cpu", "kernels", "environment", "model")
     assert [line[1:-1] for line in out.splitlines() if line.startswith("[")] == list(sections)
     assert f"python:          {sys.version.split()[0]}" in out and "huggingface_hub:" in out
     assert "cuda_status:" in out and "threading_layer:" in out and "features:" in out
@@ -167,6 +167,9 @@ def test_doctor_json_reports_a_cached_model(hf_env, fake_hub, capsys):
     assert data["versions"]["numpy"] == __import__("numpy").__version__
     assert data["numba"]["threads"] >= 1 and isinstance(data["cpu"]["features"].get("avx2"), bool)
     assert isinstance(data["backends"]["cuda"], bool) and isinstance(data["blas"], list)
+    from nanoasr.kernels.int8_dot import host_path
+    assert data["kernels"]["int8_many_rows"].startswith("int8 GEMM") == (host_path() == "vnni")
+    assert data["kernels"]["int8_decode"] == (f"int8 ({host_path()})" if host_path() else "float32 (no AVX2)")
 
 
 def test_doctor_never_shows_the_token(monkeypatch):

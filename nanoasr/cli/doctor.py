@@ -110,6 +110,17 @@ def cpu() -> dict:
         return {"name": platform.processor() or None, "source": "/proc/cpuinfo", "features": _proc_flags()}
 
 
+def kernels() -> dict:
+    """The product paths this CPU runs for each `activations` choice that depends on its features."""
+    from nanoasr.kernels import amx
+    from nanoasr.kernels.int8_dot import host_path
+
+    path = host_path()
+    return {"int8_decode": f"int8 ({path})" if path else "float32 (no AVX2)",
+            "int8_many_rows": "int8 GEMM (vnni)" if path == "vnni" else "float32 (widening + BLAS)",
+            "bf16_many_rows": "AMX tiles" if amx.available() else "BLAS on bf16-rounded rows"}
+
+
 def _proc_flags() -> dict:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
@@ -143,7 +154,8 @@ def model(value: str | None) -> dict:
 
 def report(model_value: str | None) -> dict:
     return {"versions": versions(), "system": system(), "backends": backends(), "blas": blas(),
-            "numba": numba_info(), "cpu": cpu(), "environment": environment(), "model": model(model_value)}
+            "numba": numba_info(), "cpu": cpu(), "kernels": kernels(), "environment": environment(),
+            "model": model(model_value)}
 
 
 def format_text(data: dict) -> str:
