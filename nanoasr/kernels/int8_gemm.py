@@ -109,6 +109,53 @@ def _splat(b, value, ty):
     return lanes(b, b.insert_element(ir.Constant(ty, None), value, ir.Constant(I32, 0)), [0] * 16)
 
 
+def _parts(b, name, halves, k):
+    """Block k's parts, each (the int32 sums' start per row of x, the fours of columns it spans, its scale's
+    index): the offset of the unsigned quants times x's sums (halves: each row's two sums of 16 q)."""
+    if name == "q8_0":
+        return [([b.mul(b.add(*hv), ir.Constant(I32, -128)) for hv in halves], range(8), k)]
+    if name == "q4_k":
+        return [([ir.Constant(I32, 0)] * X_ROWS, range(8), k)]
+    return [([b.mul(hv[h], ir.Constant(I32, -32)) for hv in halves], range(4 * h, 4 * h + 4),
+             b.add(b.mul(k, i64(2)), i64(h))) for h in range(2)]
+
+
+def _integer_sums(b, words, qrows, k, starts, fours):
+    """[row of x][group of 16 weight rows] <16 x i32>: starts + the products over the fours of block k."""
+    vpdpbusd = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32X16, [I32X16] * 3),
+                                              "llvm.x86.avx512.vpdpbusd.512")
+    line0 = b.mul(k, i64(2 * 8 * 16))
+    sums = [[_splat(b, start, I32X16)] * 2 for start in starts]
+    for g in fours:
+        w = [load_vector(b, b.gep(words, [b.add(line0, i64(16 * (8 * c + g)))]), 0, I32, 16)
+             for c in range(2)]
+        for r, qrow in enumerate(qrows):
+            at = b.gep(qrow, [b.add(b.mul(k, i64(32)), i64(4 * g))])
+            four = b.load(b.bitcast(at, ir.PointerType(I32)))
+            four.align = 1
+            xb = _splat(b, four, I32X16)
+            sums[r] = [b.call(vpdpbusd, [sums[r][c], w[c], xb]) for c in range(2)]
+    return sums
+
+
+def _panel_lines(b, base, index):
+    """The two <16 x float> at row `index` of a [.., 32] float32 array of the panel (scales or mins)."""
+    return [load_vector(b, b.gep(base, [b.add(b.mul(index, i64(PANEL)), i64(16 * c))]), 0, F32, 16)
+            for c in range(2)]
+
+
+def _store_rows(b, oa, acc, x0, col0):
+    """acc[r][c] to out[x0 + r, col0 + 16c..], the rows and columns out has."""
+    m, n = cgutils.unpack_tuple(b, oa.shape)
+    for r, row_accs in enumerate(acc):
+        row = b.add(x0, i64(r))
+        with b.if_then(b.icmp_signed("<", row, m)):
+            for c, a in enumerate(row_accs):
+                col = b.add(col0, i64(16 * c))
+                with b.if_then(b.icmp_signed("<", col, n)):
+                    _store_line(b, b.gep(oa.data, [b.add(b.mul(row, n), col)]), b.load(a), b.sub(n, col))
+
+
 @intrinsic(prefer_literal=True)
 def _rows_times_panel(typingctx, kind, packed, scales, mins, q, d, sums, x0, out, col0):
     """out[x0.. x0+3 (those out has), col0.. col0+31 (those out has)] = rows x0.. of x (q int8 [n', 32nb], d
@@ -128,54 +175,24 @@ def _rows_times_panel(typingctx, kind, packed, scales, mins, q, d, sums, x0, out
         words = b.bitcast(pa.data, ir.PointerType(I32))
         acc = [[cgutils.alloca_once_value(b, ir.Constant(V16, None)) for _ in range(2)]
                for _ in range(X_ROWS)]
-        vpdpbusd = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32X16, [I32X16] * 3),
-                                                  "llvm.x86.avx512.vpdpbusd.512")
         with cgutils.for_range(b, nb) as kb:
             k = kb.index
-            # each row's two sums of 16 q in this block
             halves = [[b.load(b.gep(ta.data, [b.add(b.mul(b.add(drows[r], k), i64(2)), i64(h))]))
                        for h in range(2)] for r in range(X_ROWS)]
-            if name == "q8_0":  # (start of the integer sums, their fours, scale index) per part of the block
-                parts = [([b.mul(b.add(*hv), ir.Constant(I32, -128)) for hv in halves], range(8), k)]
-            elif name == "q4_k":
-                parts = [([ir.Constant(I32, 0)] * X_ROWS, range(8), k)]
-            else:
-                parts = [([b.mul(hv[h], ir.Constant(I32, -32)) for hv in halves], range(4 * h, 4 * h + 4),
-                          b.add(b.mul(k, i64(2)), i64(h))) for h in range(2)]
-            line0 = b.mul(k, i64(2 * 8 * 16))
             dx = [_splat(b, b.load(b.gep(da.data, [b.add(drows[r], k)])), V16) for r in range(X_ROWS)]
-            for starts, fours, index in parts:
-                sums = [[_splat(b, start, I32X16)] * 2 for start in starts]
-                for g in fours:
-                    w = [load_vector(b, b.gep(words, [b.add(line0, i64(16 * (8 * c + g)))]), 0, I32, 16)
-                         for c in range(2)]
-                    for r in range(X_ROWS):
-                        four = b.load(b.bitcast(b.gep(qrows[r], [b.add(b.mul(k, i64(32)), i64(4 * g))]),
-                                                ir.PointerType(I32)))
-                        four.align = 1
-                        xb = _splat(b, four, I32X16)
-                        sums[r] = [b.call(vpdpbusd, [sums[r][c], w[c], xb]) for c in range(2)]
-                dw = [load_vector(b, b.gep(sa.data, [b.add(b.mul(index, i64(PANEL)), i64(16 * c))]), 0, F32,
-                                  16) for c in range(2)]
+            for starts, fours, index in _parts(b, name, halves, k):
+                sums = _integer_sums(b, words, qrows, k, starts, fours)
+                dw = _panel_lines(b, sa.data, index)
                 for r in range(X_ROWS):
                     for c in range(2):
                         mac(b, acc[r][c], b.sitofp(sums[r][c], V16), b.fmul(dw[c], dx[r]))
             if name == "q4_k":  # less min * the block's sum of x
-                mn = [load_vector(b, b.gep(ma.data, [b.add(b.mul(k, i64(PANEL)), i64(16 * c))]), 0, F32, 16)
-                      for c in range(2)]
+                mn = _panel_lines(b, ma.data, k)
                 for r in range(X_ROWS):
                     xs = b.fmul(dx[r], _splat(b, b.sitofp(b.add(*halves[r]), F32), V16))
                     for c in range(2):
                         mac(b, acc[r][c], mn[c], xs)
-        m, n = cgutils.unpack_tuple(b, oa.shape)
-        for r in range(X_ROWS):
-            row = b.add(x0, i64(r))
-            with b.if_then(b.icmp_signed("<", row, m)):
-                for c in range(2):
-                    col = b.add(col0, i64(16 * c))
-                    with b.if_then(b.icmp_signed("<", col, n)):
-                        at = b.gep(oa.data, [b.add(b.mul(row, n), col)])
-                        _store_line(b, at, b.load(acc[r][c]), b.sub(n, col))
+        _store_rows(b, oa, acc, x0, col0)
         return context.get_dummy_value()
     return types.none(kind, packed, scales, mins, q, d, sums, x0, out, col0), codegen
 
