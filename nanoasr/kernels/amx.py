@@ -27,7 +27,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from nanoasr.kernels.vector_ir import F32, I8, I32, i64, lanes, load_vector, pick, store_vector
+from nanoasr.kernels.vector_ir import F32, I8, I32, i64, lanes, load_vector, pick, store_first, store_vector
 
 ROWS = 32  # rows of W per panel: two tiles of 16
 COLS = 32  # columns per tile step: 64 bytes of bf16
@@ -123,21 +123,9 @@ def _panel(typingctx, w, n0, packed, group, kb, sums, out):
                     r = builder.add(r0, i64(j))
                     with builder.if_then(builder.icmp_signed("<", r, m)):
                         at = builder.gep(oa.data, [builder.add(builder.mul(r, n), col)])
-                        _store_line(builder, at, line, builder.sub(n, col))
+                        store_first(builder, at, line, builder.sub(n, col))
         return context.get_dummy_value()
     return types.none(w, n0, packed, group, kb, sums, out), codegen
-
-
-def _store_line(builder, at, line, room):
-    """The first `room` (up to 16) of 16 floats at `at`: one masked store."""
-    i64x16 = ir.VectorType(ir.IntType(64), 16)
-    first = builder.insert_element(ir.Constant(i64x16, None), room, ir.Constant(I32, 0))
-    rooms = lanes(builder, first, [0] * 16)
-    mask = builder.icmp_signed("<", ir.Constant(i64x16, list(range(16))), rooms)
-    ptr = builder.bitcast(at, ir.PointerType(line.type))
-    fnty = ir.FunctionType(ir.VoidType(), [line.type, ptr.type, I32, mask.type])
-    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.store.v16f32.p0")
-    builder.call(fn, [line, ptr, ir.Constant(I32, 4), mask])
 
 
 def _transposed(builder, lines):

@@ -196,12 +196,7 @@ class _Q4KInt8(_Int8RowsDot):
         unrolled_loop(b, count, 1, step)
 
     def scales(self, blk):
-        """(d * sc_j, -dmin * m_j) for the 8 sub-blocks j, as <8 x float>."""
-        b, v8 = self.b, ir.VectorType(F32, 8)
-        dm = _f16x8(b, blk, 0)
-        sc, mn = _scales_mins(b, load_vector(b, blk, 4, I8, 16))
-        mins = b.fmul(b.uitofp(mn, v8), lanes(b, dm, [1] * 8))
-        return b.fmul(b.uitofp(sc, v8), lanes(b, dm, [0] * 8)), b.fsub(ir.Constant(v8, None), mins)
+        return q4_k_scales(self.b, blk)
 
     def sub_mins(self, mins, sub):
         """Lanes sub of the negated mins (None for the types without mins)."""
@@ -212,10 +207,7 @@ class _Q4KInt8(_Int8RowsDot):
         return [2 * c] * 8 + [2 * c + 1] * 8
 
     def quants(self, blk, c):
-        """<64 x i8>: sub-block 2c (the low nibbles of bytes 16+32c..) then 2c+1 (their high nibbles)."""
-        b = self.b
-        v = load_vector(b, blk, 16 + 32 * c, I8, 32)
-        return pick(b, b.and_(v, bytes_of(15)), b.lshr(v, bytes_of(4)), list(range(64)))
+        return q4_k_quants(self.b, blk, c)
 
     def integer_sums(self, wq, xv, start):
         """Quants 0..15 are unsigned bytes as they are: no correction, no signs."""
@@ -229,32 +221,55 @@ class _Q6KInt8(_Q4KInt8):
     the sum of its four x (a quarter of the VNNI correction); a scale per 16 values (4 lanes), no mins."""
 
     def scales(self, blk):
-        """(<16 x float> d * scale_i for the 16 sub-blocks i, None)."""
-        b = self.b
-        d = _f16x8(b, blk, 194)  # the 8 f16 ending the block: d is the last
-        return b.fmul(b.sitofp(load_vector(b, blk, 192, I8, 16), V16), lanes(b, d, [7] * 16)), None
+        return q6_k_scales(self.b, blk)
 
     def sub_lanes(self, c):
         return [4 * c + lane // 4 for lane in range(16)]
 
     def quants(self, blk, c):
-        """<64 x i8>: q + 32 of values 64c.. (half h = c // 2 of the block, its runs g = 2(c % 2), +1: low
-        nibbles from 32 bytes at 64h + 32(g % 2) shifted by 4(g // 2), high pairs from bytes 128 + 32h
-        shifted by 2g)."""
-        b, h = self.b, c >> 1
-        qh = load_vector(b, blk, 128 + 32 * h, I8, 32)
-        runs = []
-        for g in (2 * (c & 1), 2 * (c & 1) + 1):
-            ql = load_vector(b, blk, 64 * h + 32 * (g & 1), I8, 32)
-            low = b.and_(b.lshr(ql, bytes_of(4 * (g >> 1))), bytes_of(15))
-            runs.append(b.or_(low, b.shl(b.and_(b.lshr(qh, bytes_of(2 * g)), bytes_of(3)), bytes_of(4))))
-        return pick(b, *runs, list(range(64)))
+        return q6_k_quants(self.b, blk, c)
 
     def integer_sums(self, wq, xv, start):
         offset = self.b.ashr(start(), ir.Constant(I32X16, [2] * 16))  # -32 times each four x
         if self.path == "vnni":
             return vpdpbusd(self.b, offset, wq, xv)
         return self.b.add(pmadd_halves(self.b, wq, xv), offset)
+
+
+def q4_k_scales(b, blk):
+    """A Q4_K block's (d * sc_j, -dmin * m_j) for its 8 sub-blocks j, as <8 x float>."""
+    v8 = ir.VectorType(F32, 8)
+    dm = _f16x8(b, blk, 0)
+    sc, mn = _scales_mins(b, load_vector(b, blk, 4, I8, 16))
+    mins = b.fmul(b.uitofp(mn, v8), lanes(b, dm, [1] * 8))
+    return b.fmul(b.uitofp(sc, v8), lanes(b, dm, [0] * 8)), b.fsub(ir.Constant(v8, None), mins)
+
+
+def q4_k_quants(b, blk, c):
+    """<64 x i8> of a Q4_K block: sub-block 2c (the low nibbles of bytes 16+32c..) then 2c+1 (their high
+    nibbles), 0..15."""
+    v = load_vector(b, blk, 16 + 32 * c, I8, 32)
+    return pick(b, b.and_(v, bytes_of(15)), b.lshr(v, bytes_of(4)), list(range(64)))
+
+
+def q6_k_scales(b, blk):
+    """A Q6_K block's (<16 x float> d * scale_i for its 16 sub-blocks i, None: no mins)."""
+    d = _f16x8(b, blk, 194)  # the 8 f16 ending the block: d is the last
+    return b.fmul(b.sitofp(load_vector(b, blk, 192, I8, 16), V16), lanes(b, d, [7] * 16)), None
+
+
+def q6_k_quants(b, blk, c):
+    """<64 x i8> of a Q6_K block: q + 32 (0..63) of values 64c.. (half h = c // 2 of the block, its runs
+    g = 2(c % 2), +1: low nibbles from 32 bytes at 64h + 32(g % 2) shifted by 4(g // 2), high pairs from bytes
+    128 + 32h shifted by 2g)."""
+    h = c >> 1
+    qh = load_vector(b, blk, 128 + 32 * h, I8, 32)
+    runs = []
+    for g in (2 * (c & 1), 2 * (c & 1) + 1):
+        ql = load_vector(b, blk, 64 * h + 32 * (g & 1), I8, 32)
+        low = b.and_(b.lshr(ql, bytes_of(4 * (g >> 1))), bytes_of(15))
+        runs.append(b.or_(low, b.shl(b.and_(b.lshr(qh, bytes_of(2 * g)), bytes_of(3)), bytes_of(4))))
+    return pick(b, *runs, list(range(64)))
 
 
 def vpdpbusd(builder, start, unsigned, signed):

@@ -20,39 +20,27 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from nanoasr.kernels.amx import _store_line
 from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.int8_dot import I32X16, _Q4KInt8, _Q6KInt8, block_scale
-from nanoasr.kernels.vector_ir import F32, I8, I32, V16, bytes_of, i64, lanes, load_vector, mac
+from nanoasr.kernels.int8_dot import (I32X16, KINDS, block_scale, q4_k_quants, q4_k_scales, q6_k_quants,
+                                      q6_k_scales)
+from nanoasr.kernels.quant_blocks import _f16x8
+from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, bytes_of, i64, lanes, load_vector, mac, splat,
+                                       store_first)
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
 X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 16 lanes
-KINDS = ("q8_0", "q4_k", "q6_k")
 SCALES = {"q8_0": 1, "q4_k": 1, "q6_k": 2}  # weight scales per 32 values
-
-
-class _Builder:
-    """The `b` that int8_dot's Q4_K and Q6_K decoding methods read: their quants and scales, reused here."""
-
-    def __init__(self, builder):
-        self.b = builder
 
 
 def _sub_blocks(b, kind, blk):
     """A block of `kind` at blk as ([<32 x i8> unsigned quants of each 32 values], <n x float> its scales (one
     per 32 / SCALES[kind] values), <m x float> its negated mins (one per 32 values) or None)."""
     if kind == "q8_0":
-        scale = b.fpext(b.bitcast(load_vector(b, blk, 0, ir.IntType(16), 1), ir.VectorType(ir.HalfType(), 1)),
-                        ir.VectorType(F32, 1))
+        scale = lanes(b, _f16x8(b, blk, 0), [0])
         return [b.xor(load_vector(b, blk, 2, I8, 32), bytes_of(-128))], scale, None
-    decode = _Builder(b)
-    made = _Q4KInt8 if kind == "q4_k" else _Q6KInt8
-    scales, mins = made.scales(decode, blk)
-    quants = []
-    for c in range(4):
-        v = made.quants(decode, blk, c)
-        quants += [lanes(b, v, range(32 * h, 32 * h + 32)) for h in range(2)]
-    return quants, scales, mins
+    scales, quants = (q4_k_scales, q4_k_quants) if kind == "q4_k" else (q6_k_scales, q6_k_quants)
+    runs = [lanes(b, quants(b, blk, c), range(32 * h, 32 * h + 32)) for c in range(4) for h in range(2)]
+    return (runs, *scales(b, blk))
 
 
 def _scatter(b, v, base, stride):
@@ -105,10 +93,6 @@ def _pack_panel(typingctx, kind, data, r0, nb, packed, scales, mins):
     return types.none(kind, data, r0, nb, packed, scales, mins), codegen
 
 
-def _splat(b, value, ty):
-    return lanes(b, b.insert_element(ir.Constant(ty, None), value, ir.Constant(I32, 0)), [0] * 16)
-
-
 def _parts(b, name, halves, k):
     """Block k's parts, each (the int32 sums' start per row of x, the fours of columns it spans, its scale's
     index): the offset of the unsigned quants times x's sums (halves: each row's two sums of 16 q)."""
@@ -125,7 +109,7 @@ def _integer_sums(b, words, qrows, k, starts, fours):
     vpdpbusd = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32X16, [I32X16] * 3),
                                               "llvm.x86.avx512.vpdpbusd.512")
     line0 = b.mul(k, i64(2 * 8 * 16))
-    sums = [[_splat(b, start, I32X16)] * 2 for start in starts]
+    sums = [[splat(b, start)] * 2 for start in starts]
     for g in fours:
         w = [load_vector(b, b.gep(words, [b.add(line0, i64(16 * (8 * c + g)))]), 0, I32, 16)
              for c in range(2)]
@@ -133,7 +117,7 @@ def _integer_sums(b, words, qrows, k, starts, fours):
             at = b.gep(qrow, [b.add(b.mul(k, i64(32)), i64(4 * g))])
             four = b.load(b.bitcast(at, ir.PointerType(I32)))
             four.align = 1
-            xb = _splat(b, four, I32X16)
+            xb = splat(b, four)
             sums[r] = [b.call(vpdpbusd, [sums[r][c], w[c], xb]) for c in range(2)]
     return sums
 
@@ -153,7 +137,7 @@ def _store_rows(b, oa, acc, x0, col0):
             for c, a in enumerate(row_accs):
                 col = b.add(col0, i64(16 * c))
                 with b.if_then(b.icmp_signed("<", col, n)):
-                    _store_line(b, b.gep(oa.data, [b.add(b.mul(row, n), col)]), b.load(a), b.sub(n, col))
+                    store_first(b, b.gep(oa.data, [b.add(b.mul(row, n), col)]), b.load(a), b.sub(n, col))
 
 
 @intrinsic(prefer_literal=True)
@@ -179,7 +163,7 @@ def _rows_times_panel(typingctx, kind, packed, scales, mins, q, d, sums, x0, out
             k = kb.index
             halves = [[b.load(b.gep(ta.data, [b.add(b.mul(b.add(drows[r], k), i64(2)), i64(h))]))
                        for h in range(2)] for r in range(X_ROWS)]
-            dx = [_splat(b, b.load(b.gep(da.data, [b.add(drows[r], k)])), V16) for r in range(X_ROWS)]
+            dx = [splat(b, b.load(b.gep(da.data, [b.add(drows[r], k)]))) for r in range(X_ROWS)]
             for starts, fours, index in _parts(b, name, halves, k):
                 sums = _integer_sums(b, words, qrows, k, starts, fours)
                 dw = _panel_lines(b, sa.data, index)
@@ -189,7 +173,7 @@ def _rows_times_panel(typingctx, kind, packed, scales, mins, q, d, sums, x0, out
             if name == "q4_k":  # less min * the block's sum of x
                 mn = _panel_lines(b, ma.data, k)
                 for r in range(X_ROWS):
-                    xs = b.fmul(dx[r], _splat(b, b.sitofp(b.add(*halves[r]), F32), V16))
+                    xs = b.fmul(dx[r], splat(b, b.sitofp(b.add(*halves[r]), F32)))
                     for c in range(2):
                         mac(b, acc[r][c], mn[c], xs)
         _store_rows(b, oa, acc, x0, col0)

@@ -34,6 +34,22 @@ def store_vector(builder, base, off, value):
     builder.store(value, builder.bitcast(ptr, ir.PointerType(value.type))).align = 1
 
 
+def splat(builder, value, n=16):
+    """<n x value's type> with `value` in every lane."""
+    empty = ir.Constant(ir.VectorType(value.type, n), None)
+    return lanes(builder, builder.insert_element(empty, value, ir.Constant(I32, 0)), [0] * n)
+
+
+def store_first(builder, at, line, room):
+    """The first `room` (an i64, up to 16) of the 16 floats `line` at `at`: one masked store."""
+    i64x16 = ir.VectorType(ir.IntType(64), 16)
+    mask = builder.icmp_signed("<", ir.Constant(i64x16, list(range(16))), splat(builder, room))
+    ptr = builder.bitcast(at, ir.PointerType(line.type))
+    fnty = ir.FunctionType(ir.VoidType(), [line.type, ptr.type, I32, mask.type])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.store.v16f32.p0")
+    builder.call(fn, [line, ptr, ir.Constant(I32, 4), mask])
+
+
 def lanes(builder, v, idx):
     """Lanes idx of v (repeats allowed: a splat is lanes(v, [i] * n))."""
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, len(idx)), list(idx)))
