@@ -230,6 +230,23 @@ def self_attention(h, w, prefix, heads, mask):  # [B, T, d_in], mask [B, T] -> a
     return out.transpose(0, 2, 1, 3).reshape(b, t, -1), v
 
 
+def new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions):
+    """One new position per row, at positions[b] ([B], on q's device): q [B, heads, hd], k and v [B, kvh, hd];
+    q_norm and k_norm [hd]; cos, sin [B, hd]; keys/values [B, kvh, capacity, hd] (cache views) -> q [B, heads,
+    hd]: q and k RMS-normalized per head and rotated, k and v written into the cache, q times `scale`."""
+    return kernels_for(q).new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions)
+
+
+def new_position_xp(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions):  # the twin
+    xp = array_module(q)
+    q, k = (apply_rope_xp(rms_norm_xp(x[:, None], w, eps), cos[:, None], sin[:, None])[:, 0]
+            for x, w in ((q, q_norm), (k, k_norm)))
+    rows = xp.arange(len(q))
+    keys[rows, :, positions] = k
+    values[rows, :, positions] = v
+    return q * xp.float32(scale)
+
+
 def decode_attention(q, keys, values, lengths):  # q [B, kvh, g, hd] (scaled), keys/values [B, kvh, >= m, hd]
     # (cache views), lengths [B] (host) -> [B, kvh, g, hd]: row b attends to its first lengths[b] positions
     return kernels_for(q).decode_attention(q, keys, values, lengths)

@@ -1,5 +1,6 @@
 """The decode-attention kernel against a float64 softmax(q k^T) v written out per row and head, and against
 its numpy twin, the decoder's prefill attention, whose blocks keep its scores within a fixed size; the
+kernel that readies a decode step's new position against the formula and the kernels it stands for; the
 encoder's self-attention on head-split views."""
 import tracemalloc
 
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 
 from nanoasr import ops
-from nanoasr.kernels.attention import decode_attention
+from nanoasr.kernels import elementwise
+from nanoasr.kernels.attention import decode_attention, new_position
 from nanoasr.model import decoder
 
 
@@ -85,6 +87,66 @@ def test_lengths_outside_the_cache_are_refused(lengths):
     keys = np.zeros((2, 1, 10, 8), np.float32)
     with pytest.raises(ValueError, match="one length per row, each 1 to 10"):
         decode_attention(q, keys, keys, lengths)
+
+
+def new_position_case(batch=3, kv_heads=2, group=3, head_dim=8, capacity=12, seed=5):
+    rng = np.random.default_rng(seed)
+    f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    q = f32(batch, kv_heads * group, head_dim)
+    k, v = f32(batch, kv_heads, head_dim), f32(batch, kv_heads, head_dim)
+    norms = np.abs(f32(2, head_dim)) + 0.5
+    angles = rng.uniform(-3, 3, (batch, head_dim)).astype(np.float32)
+    cache = f32(2, batch + 1, kv_heads, capacity, head_dim)  # rows after the first, as a decoder passes them
+    positions = rng.integers(0, capacity, batch)
+    keys, values = cache[0, 1:], cache[1, 1:]
+    return q, k, v, norms[0], norms[1], 1e-6, np.cos(angles), np.sin(angles), 0.35, keys, values, positions
+
+
+def rotated_reference(x, norm, eps, cos, sin):  # float64: RMS-normalized rows of x [heads, d], rotated
+    x = x.astype(np.float64)
+    x = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * norm
+    half = x.shape[-1] // 2
+    return x * cos + np.concatenate([-x[:, half:], x[:, :half]], -1) * sin
+
+
+def test_new_position_against_the_formula_and_the_cache_it_writes():
+    q, k, v, qn, kn, eps, cos, sin, scale, keys, values, positions = new_position_case()
+    before_k, before_v = keys.copy(), values.copy()
+    got = new_position(q, k, v, qn, kn, eps, cos, sin, scale, keys, values, positions)
+    written = np.zeros(keys.shape[:3], bool)
+    for b, p in enumerate(positions):
+        want_q = rotated_reference(q[b], qn, eps, cos[b], sin[b]) * scale
+        np.testing.assert_allclose(got[b], want_q, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(keys[b, :, p], rotated_reference(k[b], kn, eps, cos[b], sin[b]), rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_array_equal(values[b, :, p], v[b])
+        written[b, :, p] = True
+    np.testing.assert_array_equal(keys[~written], before_k[~written])
+    np.testing.assert_array_equal(values[~written], before_v[~written])
+
+
+def test_new_position_gives_the_bits_of_the_kernels_it_stands_for():
+    """rms_norm, apply_rope and the scaling, each its own call, as the prefill path runs them."""
+    q, k, v, qn, kn, eps, cos, sin, scale, keys, values, positions = new_position_case(group=2, head_dim=128)
+    got = new_position(q, k, v, qn, kn, eps, cos, sin, scale, keys, values, positions)
+
+    def apart(x, w):
+        normed = elementwise.rms_norm(x[:, None], w, eps)
+        return elementwise.apply_rope(normed, cos[:, None], sin[:, None])[:, 0]
+
+    np.testing.assert_array_equal(got, apart(q, qn) * np.float32(scale))
+    np.testing.assert_array_equal(keys[np.arange(len(q)), :, positions], apart(k, kn))
+
+
+@pytest.mark.parametrize("position", [-1, 12])
+def test_new_positions_outside_the_cache_are_refused_before_anything_is_written(position):
+    q, k, v, qn, kn, eps, cos, sin, scale, keys, values, positions = new_position_case()
+    positions[1] = position
+    before = keys.copy(), values.copy()
+    with pytest.raises(ValueError, match="outside the cache"):
+        new_position(q, k, v, qn, kn, eps, cos, sin, scale, keys, values, positions)
+    np.testing.assert_array_equal(keys, before[0])
+    np.testing.assert_array_equal(values, before[1])
 
 
 def prefill_case(kv_heads, group, n, start, hd=16, seed=0):

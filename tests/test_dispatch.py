@@ -12,6 +12,7 @@ from nanoasr import backend, ops
 from nanoasr.backend import cpu as cpu_table
 from nanoasr.kernels import attention, cpu, elementwise, softmax
 from nanoasr.tensor import StoredTensor, take_rows, widen
+from tests.test_attention_kernel import new_position_case
 
 PACKAGE = pathlib.Path(ops.__file__).parent
 BACKEND_TEST = re.compile(r"\bis\s+(not\s+)?(np|numpy)\b")
@@ -121,6 +122,42 @@ def test_the_decode_attention_twin_equals_the_kernel():
     expected = attention.decode_attention(q, keys, values, lengths)
     np.testing.assert_allclose(ops.decode_attention_xp(q, keys, values, lengths), expected, rtol=1e-5,
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("rows, numba_products, split", [(1, True, False), (16, True, False),
+                                                         (512, True, True), (512, False, False)])
+def test_elementwise_kernels_split_rows_only_where_numba_runs_the_products_and_there_are_many(
+        monkeypatch, rows, numba_products, split):
+    """A decode step's rows (one per batch row, or a few heads) stay on one thread: a parallel launch costs
+    more than they do."""
+    calls = {name: record(monkeypatch, elementwise, name) for name in ("_rms_norm_split", "_rms_norm_rows")}
+    x = np.ones((rows, 64), np.float32)
+    with backend.threads(2, numba_products=numba_products):
+        ops.rms_norm(x, np.ones(64, np.float32), 1e-6)
+    assert (len(calls["_rms_norm_split"]), len(calls["_rms_norm_rows"])) == ((1, 0) if split else (0, 1))
+    assert (rows * 64 >= cpu_table.SPLIT_VALUES) == (rows == 512)
+
+
+@pytest.mark.parametrize("dtype, to_kernel", [(np.float32, True), (np.float64, False)])
+def test_new_position_goes_to_the_kernel_for_float32_arrays(monkeypatch, dtype, to_kernel):
+    kernel = record(monkeypatch, attention, "new_position")
+    twin = record(monkeypatch, ops, "new_position_xp")
+    q, k, v, qn, kn, eps, cos, sin, scale, keys, values, positions = new_position_case()
+    keys = keys.astype(dtype)
+    ops.new_position(q.astype(dtype), k, v, qn, kn, eps, cos, sin, scale, keys, values, positions)
+    assert (len(kernel), len(twin)) == ((1, 0) if to_kernel else (0, 1))
+
+
+def test_the_new_position_twin_equals_the_kernel():
+    """The twin (what CuPy runs) against the kernel: the q it returns and the cache it writes."""
+    case = new_position_case()
+    host = [a.copy() if isinstance(a, np.ndarray) else a for a in case]
+    got = attention.new_position(*host)
+    twin = [a.copy() if isinstance(a, np.ndarray) else a for a in case]
+    want = ops.new_position_xp(*twin)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    for cache in (-3, -2):
+        np.testing.assert_allclose(host[cache], twin[cache], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])

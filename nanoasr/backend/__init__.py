@@ -44,6 +44,7 @@ class Kernels:
     swiglu: Callable
     apply_rope: Callable
     fsmn: Callable
+    new_position: Callable
     decode_attention: Callable
     mask_inplace: Callable
     stored_matmul: Callable

@@ -17,24 +17,31 @@ from nanoasr.tensor import StoredTensor, take_rows, widen
 # the fused kernels; more rows (encoder, prefill) widen the matrix once and use BLAS.
 FUSED_ROWS = 8
 _scratch = threading.local()
+# Elementwise kernels split their rows over numba's threads (while numba runs the products) from this many
+# values on: below it, as for a decode step's rows, a parallel launch costs more than it saves.
+SPLIT_VALUES = 1 << 15
+
+
+def _split(x) -> bool:
+    return NUMBA_PRODUCTS.get() and x.size >= SPLIT_VALUES
 
 
 def add_bias(y, bias, relu):  # y [n, out], a fresh product (overwritten)
     if bias is not None and y.dtype == np.float32 and y.flags.c_contiguous:
         # one pass instead of two and a temporary
-        return elementwise.add_bias(y, bias, relu, split=NUMBA_PRODUCTS.get())
+        return elementwise.add_bias(y, bias, relu, split=_split(y))
     return ops.add_bias_xp(y, bias, relu)
 
 
 def layer_norm(x, weight, bias, eps):  # the kernel copies a strided x; float32 only (one compiled version)
     if x.dtype == np.float32:
-        return elementwise.layer_norm(x, weight, bias, eps, split=NUMBA_PRODUCTS.get())
+        return elementwise.layer_norm(x, weight, bias, eps, split=_split(x))
     return ops.layer_norm_xp(x, weight, bias, eps)
 
 
 def rms_norm(x, weight, eps):
     if x.dtype == np.float32:
-        return elementwise.rms_norm(x, weight, eps, split=NUMBA_PRODUCTS.get())
+        return elementwise.rms_norm(x, weight, eps, split=_split(x))
     return ops.rms_norm_xp(x, weight, eps)
 
 
@@ -42,13 +49,13 @@ def softmax_inplace(x, scale=1.0, keep=None):  # in place: only on x's own float
     if keep is not None and keep.all():  # nothing dropped (an unpadded batch): the plain rows, no mask read
         keep = None
     if x.dtype == np.float32 and x.flags.c_contiguous:
-        return softmax.softmax_inplace(x, scale, keep, split=NUMBA_PRODUCTS.get())
+        return softmax.softmax_inplace(x, scale, keep, split=_split(x))
     return ops.softmax_inplace_xp(x, scale, keep)
 
 
 def swiglu(gate, up):  # gate is overwritten in place: only its own float32 C-contiguous memory
     if gate.dtype == np.float32 and gate.flags.c_contiguous:
-        return elementwise.swiglu(gate, up, split=NUMBA_PRODUCTS.get())
+        return elementwise.swiglu(gate, up, split=_split(gate))
     return ops.swiglu_xp(gate, up)
 
 
@@ -62,6 +69,12 @@ def fsmn(v, kernel):
     if v.dtype == np.float32:
         return elementwise.fsmn(v, kernel)
     return ops.fsmn_xp(v, kernel)
+
+
+def new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions):
+    if q.dtype == k.dtype == v.dtype == keys.dtype == values.dtype == np.float32:
+        return attention.new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions)
+    return ops.new_position_xp(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions)
 
 
 def decode_attention(q, keys, values, lengths):  # the kernel checks lengths against the cache it reads
@@ -120,6 +133,7 @@ def products(a, b, activations):  # a [..., m, K] @ b[..., n, K].T; bf16 rows on
 
 KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
                   softmax_inplace=softmax_inplace, swiglu=swiglu, apply_rope=apply_rope, fsmn=fsmn,
+                  new_position=new_position,
                   decode_attention=decode_attention, mask_inplace=mask_inplace,
                   stored_matmul=stored_matmul, take_rows=take_rows, products=products)
 

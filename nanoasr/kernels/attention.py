@@ -1,4 +1,6 @@
-"""Decode-step attention over the KV cache, one numba loop for every (batch row, kv head).
+"""Decode-step attention over the KV cache, one numba loop for every (batch row, kv head), and the step
+that readies its inputs (the new position's q and k normalized per head and rotated, k and v cached) in one
+call instead of a dozen array operations per layer.
 
 Its numpy twin is the prefill path of nanoasr/model/decoder.py (a masked softmax of stacked GEMMs); for one
 new position per row, those stacked products are dozens of tiny BLAS calls per layer, and this loop does the
@@ -9,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from nanoasr.kernels.elementwise import _rms_norm_rows, _rope_rows
 from nanoasr.kernels.softmax import exp_nonpositive
 
 
@@ -54,4 +57,36 @@ def decode_attention(q, keys, values, lengths):
                          f"got {lengths.tolist()} for {q.shape[0]} rows")
     out = np.empty(q.shape, np.float32)
     _attend(np.ascontiguousarray(q, dtype=np.float32), keys, values, lengths, out)
+    return out
+
+
+@njit(cache=True)
+def _new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions, q_out):
+    batch, kv_heads, capacity, head_dim = keys.shape
+    group = q.shape[1] // kv_heads
+    for b in range(batch):
+        if positions[b] < 0 or positions[b] >= capacity:
+            raise ValueError("a position is outside the cache")
+    normed = np.empty((1, group, head_dim), np.float32)
+    rotated = np.empty((1, group, head_dim), np.float32)
+    for b in range(batch):
+        c, s, p = cos[b:b + 1], sin[b:b + 1], positions[b]
+        for h in range(kv_heads):
+            _rms_norm_rows(q[b, h * group:(h + 1) * group], q_norm, eps, normed[0])
+            _rope_rows(normed, c, s, rotated)
+            for j in range(group):
+                for d in range(head_dim):
+                    q_out[b, h * group + j, d] = rotated[0, j, d] * scale
+            _rms_norm_rows(k[b, h:h + 1], k_norm, eps, normed[0, :1])
+            _rope_rows(normed[:, :1], c, s, rotated[:, :1])
+            keys[b, h, p] = rotated[0, 0]
+            values[b, h, p] = v[b, h]
+
+
+def new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions):
+    """nanoasr.ops.new_position for float32 arrays: one pass per row and kv head, each head's rows normalized
+    and rotated as rms_norm and apply_rope compute them."""
+    out = np.empty(q.shape, np.float32)
+    _new_position(q, k, v, q_norm, k_norm, np.float32(eps), cos, sin, np.float32(scale), keys, values,
+                  np.asarray(positions, np.int64), out)
     return out

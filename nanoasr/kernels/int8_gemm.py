@@ -68,12 +68,12 @@ def _pack_panel(typingctx, kind, data, r0, nb, packed, scales, mins):
         base = b.bitcast(da.data, ir.PointerType(I8))
         words = b.bitcast(pa.data, ir.PointerType(I32))
         last = b.sub(rows, i64(1))
-        with cgutils.for_range(b, i64(PANEL)) as j:
-            r = b.add(r0, j.index)
-            r = b.select(b.icmp_signed("<", r, rows), r, last)
-            row = b.gep(base, [b.mul(r, stride)])
-            group, lane = b.udiv(j.index, i64(16)), b.urem(j.index, i64(16))
-            with cgutils.for_range(b, nb) as kb:
+        with cgutils.for_range(b, nb) as kb:  # a block's lines are written whole before the next block's
+            with cgutils.for_range(b, i64(PANEL)) as j:
+                r = b.add(r0, j.index)
+                r = b.select(b.icmp_signed("<", r, rows), r, last)
+                row = b.gep(base, [b.mul(r, stride)])
+                group, lane = b.udiv(j.index, i64(16)), b.urem(j.index, i64(16))
                 blk = b.gep(row, [b.mul(kb.index, i64(nbytes))])
                 quants, scale, negmins = _sub_blocks(b, name, blk)
                 first_sub = b.mul(kb.index, i64(size // 32))

@@ -14,8 +14,8 @@ import numpy as np
 
 from nanoasr.backend import array_module
 from nanoasr.model.config import TextConfig
-from nanoasr.ops import (apply_rope, decode_attention, linear, mask_inplace, products, rms_norm,
-                         rope_inv_freq, rope_tables, softmax_inplace, swiglu, take_rows)
+from nanoasr.ops import (apply_rope, decode_attention, linear, mask_inplace, new_position, products,
+                         rms_norm, rope_inv_freq, rope_tables, softmax_inplace, swiglu, take_rows)
 from nanoasr.tensor import StoredTensor
 
 P = "model.language_model."
@@ -68,17 +68,13 @@ def embed(ids, w):  # [n] token ids -> [n, H]
     return table[array_module(table).asarray(ids)]
 
 
-def _write_cache(cache: KVCache, layer, rows: slice, start, positions, k, v):  # k, v [B, n, kvh, hd]
+def _write_cache(cache: KVCache, layer, rows: slice, start, k, v):  # k, v [B, n, kvh, hd] of a prefill
+    # (padding included: past each row's prompt, where its tokens will overwrite it)
     b, n = k.shape[:2]
-    if n == 1:  # row b at its own position: indices made on the cache's device, not copied there per layer
-        batch = array_module(cache.k).arange(rows.start, rows.start + b)
-        cache.k[layer, batch, :, positions[:, 0]] = k[:, 0]
-        cache.v[layer, batch, :, positions[:, 0]] = v[:, 0]
-    else:  # prefill: padding included, past each row's prompt, where its tokens will overwrite it
-        for r in range(b):
-            s = int(start[r])
-            cache.k[layer, rows.start + r, :, s:s + n] = k[r].transpose(1, 0, 2)
-            cache.v[layer, rows.start + r, :, s:s + n] = v[r].transpose(1, 0, 2)
+    for r in range(b):
+        s = int(start[r])
+        cache.k[layer, rows.start + r, :, s:s + n] = k[r].transpose(1, 0, 2)
+        cache.v[layer, rows.start + r, :, s:s + n] = v[r].transpose(1, 0, 2)
 
 
 # Prefill scores are [B, kv heads, group, n, m] float32, for a long prompt more memory than the weights. They
@@ -135,13 +131,16 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
     q = linear(h, w[p + "self_attn.q_proj.weight"]).reshape(b, n, cfg.num_attention_heads, hd)
     k = linear(h, w[p + "self_attn.k_proj.weight"]).reshape(b, n, kvh, hd)
     v = linear(h, w[p + "self_attn.v_proj.weight"]).reshape(b, n, kvh, hd)
-    q = apply_rope(rms_norm(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps), *rope)
-    k = apply_rope(rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps), *rope)
-    _write_cache(cache, i, rows, start, positions, k, v)
+    q_norm, k_norm = w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"]
     if n == 1:  # decode: one new position per row, straight over the cache
-        q = (q * np.float32(hd ** -0.5)).reshape(b, kvh, group, hd)
-        attn = decode_attention(q, cache.k[i, rows], cache.v[i, rows], start + 1).reshape(b, 1, -1)
+        keys, values = cache.k[i, rows], cache.v[i, rows]
+        q = new_position(q[:, 0], k[:, 0], v[:, 0], q_norm, k_norm, cfg.rms_norm_eps, rope[0][:, 0],
+                         rope[1][:, 0], hd ** -0.5, keys, values, positions[:, 0])
+        attn = decode_attention(q.reshape(b, kvh, group, hd), keys, values, start + 1).reshape(b, 1, -1)
     else:
+        q = apply_rope(rms_norm(q, q_norm, cfg.rms_norm_eps), *rope)
+        k = apply_rope(rms_norm(k, k_norm, cfg.rms_norm_eps), *rope)
+        _write_cache(cache, i, rows, start, k, v)
         m = int(start.max()) + n  # keys up to the last query's position
         attn = _prefill_attention(q, cache.k[i, rows, :, :m], cache.v[i, rows, :, :m], positions, group,
                                   w[p + "self_attn.q_proj.weight"].activations)
