@@ -247,6 +247,12 @@ def new_position_xp(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values,
     return q * xp.float32(scale)
 
 
+def decode_layer(x, matrices, norms, eps, cos, sin, scale, keys, values, positions):  # x [B, H] -> [B, H]
+    # or None: a decode step's decoder layer in one call, where the device has one (the CPU, for int8 products
+    # over a float32 cache: nanoasr.kernels.decode_layer); None, and the decoder runs the layer op by op
+    return kernels_for(x).decode_layer(x, matrices, norms, eps, cos, sin, scale, keys, values, positions)
+
+
 def decode_attention(q, keys, values, lengths):  # q [B, kvh, g, hd] (scaled), keys/values [B, kvh, >= m, hd]
     # (cache views), lengths [B] (host) -> [B, kvh, g, hd]: row b attends to its first lengths[b] positions
     return kernels_for(q).decode_attention(q, keys, values, lengths)

@@ -9,7 +9,7 @@ import numpy as np
 
 from nanoasr import ops
 from nanoasr.backend import NUMBA_PRODUCTS, Kernels, pages
-from nanoasr.kernels import amx, attention, cpu, elementwise, softmax
+from nanoasr.kernels import amx, attention, cpu, decode_layer as layer_kernel, elementwise, softmax
 from nanoasr.kernels.int8_dot import host_path
 from nanoasr.tensor import StoredTensor, take_rows, widen
 
@@ -83,6 +83,19 @@ def decode_attention(q, keys, values, lengths):  # the kernel checks lengths aga
     return ops.decode_attention_xp(q, keys, values, lengths)
 
 
+def decode_layer(x, matrices, norms, eps, cos, sin, scale, keys, values, positions):
+    """A decode step's layer in one compiled call (kernels/decode_layer.py) where every product would run the
+    int8 decode kernels and the cache is float32; None otherwise (the decoder then runs it op by op)."""
+    path = host_path()
+    if path is None or len(x) > FUSED_ROWS or x.dtype != np.float32 or keys.dtype != np.float32:
+        return None
+    for w in matrices:
+        if not (w.activations == "int8" and w.dtype in layer_kernel.KIND_CODES):
+            return None
+        cpu.stored_data(w.data, w.dtype, *w.shape)  # the layout the kernels will read unchecked
+    return layer_kernel.decode_layer(x, matrices, norms, eps, cos, sin, scale, keys, values, positions, path)
+
+
 def mask_inplace(scores, keep):  # nothing to mask (an unpadded batch) is seen on the host at no cost
     return scores if keep.all() else ops.mask_inplace_xp(scores, keep)
 
@@ -134,7 +147,7 @@ def products(a, b, activations):  # a [..., m, K] @ b[..., n, K].T; bf16 rows on
 KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
                   softmax_inplace=softmax_inplace, swiglu=swiglu, apply_rope=apply_rope, fsmn=fsmn,
                   new_position=new_position,
-                  decode_attention=decode_attention, mask_inplace=mask_inplace,
+                  decode_attention=decode_attention, decode_layer=decode_layer, mask_inplace=mask_inplace,
                   stored_matmul=stored_matmul, take_rows=take_rows, products=products)
 
 

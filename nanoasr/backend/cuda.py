@@ -44,6 +44,10 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
     return x @ gk.widen(w.data, w.dtype, w.shape, _widen_buffer(*w.shape), current_stream()).T
 
 
+def decode_layer(*layer):  # no compiled layer here: the decoder runs it op by op
+    return None
+
+
 def _widen_buffer(rows: int, cols: int):
     """A float32 [rows, cols] view of this thread's reused device buffer (one matrix widened at a time: the
     product that reads it is queued on the same stream before the next widening)."""
@@ -63,8 +67,9 @@ def take_rows(t: StoredTensor, ids):  # rows `ids` of a stored [rows, cols] tens
 KERNELS = Kernels(add_bias=ops.add_bias_xp, layer_norm=ops.layer_norm_xp, rms_norm=ops.rms_norm_xp,
                   softmax_inplace=ops.softmax_inplace_xp, swiglu=ops.swiglu_xp, apply_rope=ops.apply_rope_xp,
                   fsmn=ops.fsmn_xp, new_position=ops.new_position_xp,
-                  decode_attention=ops.decode_attention_xp, mask_inplace=ops.mask_inplace_xp,
-                  stored_matmul=stored_matmul, take_rows=take_rows, products=ops.products_xp)
+                  decode_attention=ops.decode_attention_xp, decode_layer=decode_layer,
+                  mask_inplace=ops.mask_inplace_xp, stored_matmul=stored_matmul, take_rows=take_rows,
+                  products=ops.products_xp)
 
 
 def numba_products(weights: dict) -> bool:

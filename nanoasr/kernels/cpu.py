@@ -22,7 +22,7 @@ QK = {kind: (BLOCKS[kind].size, BLOCKS[kind].nbytes) for kind in ("q8_0", "q4_k"
 _STORED = STORED_NUMPY  # the data each storage type's kernels read
 
 
-def _stored(data: np.ndarray, dtype: str, rows: int, cols: int) -> np.ndarray:
+def stored_data(data: np.ndarray, dtype: str, rows: int, cols: int) -> np.ndarray:
     """The stored array checked against (dtype, rows, cols), as the kernels take it (f16 as uint16 bits)."""
     if dtype not in _STORED:
         raise ValueError(f"storage type must be one of {', '.join(_STORED)}; got {dtype!r}")
@@ -48,7 +48,7 @@ def _f32_rows(a: np.ndarray, what: str, cols: int) -> None:
 
 def _product_operands(x, data, dtype, rows, cols, out) -> np.ndarray:
     """The stored blocks as [rows, row bytes], once x [B, cols] and out [B, rows] are checked."""
-    data = _stored(data, dtype, rows, cols)
+    data = stored_data(data, dtype, rows, cols)
     _f32_rows(x, "x", cols)
     _f32_rows(out, "out", rows)
     if out.shape[0] != x.shape[0]:
@@ -108,7 +108,7 @@ def _dense_float(data: np.ndarray, dtype: str) -> np.ndarray:
 
 def widen(data: np.ndarray, dtype: str, rows: int, cols: int, out: np.ndarray) -> np.ndarray:
     """out[rows, cols] = W as float32, exactly as gguf.quants.dequantize (or an exact cast) gives it."""
-    data = _stored(data, dtype, rows, cols)
+    data = stored_data(data, dtype, rows, cols)
     _f32_rows(out, "out", cols)
     if out.shape[0] != rows:
         raise ValueError(f"out must have {rows} rows; got {out.shape[0]}")

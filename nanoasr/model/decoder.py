@@ -6,7 +6,9 @@ batch), item b's new positions starting at `start[b]`. Prefill is n > 1 for rows
 prompt padded on the right to the longest (a causal query never sees the padding after it, so a row's
 results are its own); batched decode is n = 1 for the active rows, each at its own position. `Session` keeps
 the cache rows and their positions for that loop: prefill prompts into free rows (one pass over the weights
-for all of them), step every active row, retire a finished row.
+for all of them), step every active row, retire a finished row. Where the backend has one, a decode step's
+layer runs as one compiled call (ops.decode_layer: on the CPU with int8 products) computing what the
+op-by-op layer below computes, bit for bit.
 """
 from __future__ import annotations
 
@@ -14,12 +16,16 @@ import numpy as np
 
 from nanoasr.backend import array_module
 from nanoasr.model.config import TextConfig
-from nanoasr.ops import (apply_rope, decode_attention, linear, mask_inplace, new_position, products,
-                         rms_norm, rope_inv_freq, rope_tables, softmax_inplace, swiglu, take_rows)
+from nanoasr.ops import (apply_rope, decode_attention, decode_layer, linear, mask_inplace, new_position,
+                         products, rms_norm, rope_inv_freq, rope_tables, softmax_inplace, swiglu, take_rows)
 from nanoasr.tensor import StoredTensor
 
 P = "model.language_model."
 EMBED = P + "embed_tokens.weight"
+# A layer's matrices and norms in the order ops.decode_layer takes them
+MATRICES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+            "mlp.up_proj", "mlp.down_proj")
+NORMS = ("input_layernorm", "self_attn.q_norm", "self_attn.k_norm", "post_attention_layernorm")
 
 
 class KVCache:
@@ -127,6 +133,12 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
     b, n, _ = x.shape
     kvh, hd = cfg.num_key_value_heads, cfg.head_dim
     group = cfg.num_attention_heads // kvh
+    if n == 1:  # decode: the whole layer in one call where the device has that (ops.decode_layer)
+        whole = decode_layer(x[:, 0], [w[f"{p}{name}.weight"] for name in MATRICES],
+                             [w[f"{p}{name}.weight"] for name in NORMS], cfg.rms_norm_eps, rope[0][:, 0],
+                             rope[1][:, 0], hd ** -0.5, cache.k[i, rows], cache.v[i, rows], positions[:, 0])
+        if whole is not None:
+            return whole[:, None]
     h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
     q = linear(h, w[p + "self_attn.q_proj.weight"]).reshape(b, n, cfg.num_attention_heads, hd)
     k = linear(h, w[p + "self_attn.k_proj.weight"]).reshape(b, n, kvh, hd)
