@@ -1,7 +1,7 @@
 """The compiled decode layer (nanoasr.kernels.decode_layer) against the op-by-op decoder layer it replaces:
-the same kernels in the same order, so the same bits, for every storage type the int8 kernels read, one row
-and batches whose rows sit at different positions; and the guard that sends a layer to it only where every
-product would run those kernels over a float32 cache."""
+the same kernels in the same order, so the same bits, for every storage type with float32 rows and with int8
+ones, one row and batches whose rows sit at different positions; and the guard that sends a layer to it only
+where every product runs a decode kernel over a float32 cache."""
 import numpy as np
 import pytest
 
@@ -13,25 +13,36 @@ from nanoasr.ops import rope_inv_freq
 from nanoasr.quant.quantize import quantize
 from nanoasr.tensor import StoredTensor
 
-pytestmark = pytest.mark.skipif(cpu_backend.host_path() is None, reason="the CPU has no int8 path")
-
 CFG = TextConfig(vocab_size=300, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 SHAPES = {"self_attn.q_proj": (256, 256), "self_attn.k_proj": (128, 256), "self_attn.v_proj": (128, 256),
           "self_attn.o_proj": (256, 256), "mlp.gate_proj": (512, 256), "mlp.up_proj": (512, 256),
           "mlp.down_proj": (256, 512)}
-MIXES = {"q8_0": ["q8_0"] * 7, "q4_k_m": ["q4_k", "q4_k", "q6_k", "q4_k", "q4_k", "q4_k", "q6_k"],
-         "each": ["q6_k", "q8_0", "q4_k", "q6_k", "q8_0", "q4_k", "q8_0"]}
+DENSE = ("f32", "f16", "bf16")
+MIXES = {"q8_0 int8": (["q8_0"] * 7, "int8"),
+         "q4_k_m int8": (["q4_k", "q4_k", "q6_k", "q4_k", "q4_k", "q4_k", "q6_k"], "int8"),
+         "each kind int8": (["q6_k", "q8_0", "q4_k", "q6_k", "q8_0", "q4_k", "q8_0"], "int8"),
+         "bf16": (["bf16"] * 7, "exact"),
+         "each kind exact": (["f16", "f32", "bf16", "q4_k", "q6_k", "q8_0", "f16"], "exact"),
+         "int8 beside dense": (["q8_0", "bf16", "q4_k", "f16", "q8_0", "q6_k", "f32"], "int8")}
 
 
-def layer_weights(kinds, activations="int8", seed=0):
+def stored(w, kind, activations):
+    """w float32 [rows, cols] in storage type `kind`, marked as nanoasr.backend.cpu.place marks it."""
+    if kind in DENSE:
+        data = {"f32": w, "f16": w.astype(np.float16), "bf16": (w.view(np.uint32) >> 16).astype(np.uint16)}
+        return StoredTensor(data[kind], kind, w.shape, "exact" if activations == "int8" else activations)
+    return StoredTensor(quantize(w, kind), kind, w.shape, activations)
+
+
+def layer_weights(kinds, activations, seed=0):
     rng = np.random.default_rng(seed)
     w = {}
     for i in range(CFG.num_hidden_layers):
         p = f"{decoder.P}layers.{i}."
         for (name, shape), kind in zip(SHAPES.items(), kinds):
-            data = quantize((rng.standard_normal(shape) * 0.1).astype(np.float32), kind)
-            w[f"{p}{name}.weight"] = StoredTensor(data, kind, shape, activations)
+            w[f"{p}{name}.weight"] = stored((rng.standard_normal(shape) * 0.1).astype(np.float32), kind,
+                                            activations)
         for name in decoder.NORMS:
             size = CFG.head_dim if name.startswith("self_attn") else CFG.hidden_size
             w[f"{p}{name}.weight"] = (1 + 0.1 * rng.standard_normal(size)).astype(np.float32)
@@ -63,37 +74,39 @@ def steps(w, rows, prompt_lengths, count=4, whole=True, seed=1):
 @pytest.mark.parametrize("mix", MIXES)
 @pytest.mark.parametrize("prompt_lengths", [[5], [3, 9, 2]])
 def test_the_compiled_layer_gives_the_bits_of_the_op_by_op_layer(monkeypatch, mix, prompt_lengths):
-    w = layer_weights(MIXES[mix])
+    w = layer_weights(*MIXES[mix])
     calls = []
     compiled = layer_kernel.decode_layer
 
-    def spy(*args):
-        calls.append(args[0].shape)
-        return compiled(*args)
+    def spy(x, products, *args):
+        calls.append((x.shape, products))
+        return compiled(x, products, *args)
     monkeypatch.setattr(layer_kernel, "decode_layer", spy)
     whole = steps(w, len(prompt_lengths), prompt_lengths)
-    assert calls == [(len(prompt_lengths), CFG.hidden_size)] * (4 * CFG.num_hidden_layers)
+    assert len(calls) == 4 * CFG.num_hidden_layers
+    assert {shape for shape, _ in calls} == {(len(prompt_lengths), CFG.hidden_size)}
+    int8 = cpu_backend.host_path() or "exact"
+    assert {products for _, products in calls} == {tuple(
+        (kind, int8 if MIXES[mix][1] == "int8" and kind not in DENSE else "exact") for kind in MIXES[mix][0])}
     apart = steps(w, len(prompt_lengths), prompt_lengths, whole=False)
     assert len(calls) == 4 * CFG.num_hidden_layers
     np.testing.assert_array_equal(whole, apart)
     assert np.isfinite(whole).all() and np.abs(whole).max() > 0.1
 
 
-def test_a_layer_with_one_product_outside_the_int8_kernels_runs_op_by_op(monkeypatch):
+def test_a_layer_with_bf16_rows_runs_op_by_op(monkeypatch):
+    """bf16 activations round a product's rows first: one such product keeps its layer op by op."""
     calls = []
     monkeypatch.setattr(layer_kernel, "decode_layer", lambda *args: calls.append(1))
-    w = layer_weights(MIXES["q8_0"])
-    f32 = np.random.default_rng(2).standard_normal((128, 256)).astype(np.float32)
-    w[f"{decoder.P}layers.1.self_attn.v_proj.weight"] = StoredTensor(f32, "f32", f32.shape)
+    w = layer_weights(*MIXES["bf16"])
+    name = f"{decoder.P}layers.1.self_attn.v_proj.weight"
+    w[name] = StoredTensor(w[name].data, "bf16", w[name].shape, "bf16")
     steps(w, 1, [4], count=1)
     assert len(calls) == 1  # layer 0 only
-    calls.clear()
-    steps(layer_weights(MIXES["q8_0"], activations="exact"), 1, [4], count=1)
-    assert calls == []
 
 
 def test_stored_data_that_does_not_fit_its_shape_is_refused():
-    w = layer_weights(MIXES["q8_0"])
+    w = layer_weights(*MIXES["q8_0 int8"])
     name = f"{decoder.P}layers.0.mlp.up_proj.weight"
     t = w[name]
     w[name] = StoredTensor(t.data[:, :-34], t.dtype, t.shape, t.activations)  # a block short in every row

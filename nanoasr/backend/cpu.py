@@ -10,6 +10,7 @@ import numpy as np
 from nanoasr import ops
 from nanoasr.backend import NUMBA_PRODUCTS, Kernels, pages
 from nanoasr.kernels import amx, attention, cpu, decode_layer as layer_kernel, elementwise, softmax
+from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.int8_dot import host_path
 from nanoasr.tensor import StoredTensor, take_rows, widen
 
@@ -84,16 +85,20 @@ def decode_attention(q, keys, values, lengths):  # the kernel checks lengths aga
 
 
 def decode_layer(x, matrices, norms, eps, cos, sin, scale, keys, values, positions):
-    """A decode step's layer in one compiled call (kernels/decode_layer.py) where every product would run the
-    int8 decode kernels and the cache is float32; None otherwise (the decoder then runs it op by op)."""
-    path = host_path()
-    if path is None or len(x) > FUSED_ROWS or x.dtype != np.float32 or keys.dtype != np.float32:
+    """A decode step's layer in one compiled call (kernels/decode_layer.py) where each product runs a decode
+    kernel (float32 rows, or int8 ones for weights marked for them) and the cache is float32; None otherwise
+    (bf16 rows, columns past the last whole block): the decoder then runs it op by op."""
+    if len(x) > FUSED_ROWS or x.dtype != np.float32 or keys.dtype != np.float32:
         return None
+    products, data = [], []
     for w in matrices:
-        if not (w.activations == "int8" and w.dtype in layer_kernel.KIND_CODES):
+        rows = (host_path() or "exact") if w.activations == "int8" else w.activations  # stored_matmul's rows
+        if rows == "bf16" or w.shape[1] % BLOCKS[w.dtype].size:
             return None
-        cpu.stored_data(w.data, w.dtype, *w.shape)  # the layout the kernels will read unchecked
-    return layer_kernel.decode_layer(x, matrices, norms, eps, cos, sin, scale, keys, values, positions, path)
+        products.append((w.dtype, rows))
+        data.append(cpu.stored_data(w.data, w.dtype, *w.shape))  # checked: the kernels read it unchecked
+    return layer_kernel.decode_layer(x, tuple(products), data, norms, eps, cos, sin, scale, keys, values,
+                                     positions)
 
 
 def mask_inplace(scores, keep):  # nothing to mask (an unpadded batch) is seen on the host at no cost
