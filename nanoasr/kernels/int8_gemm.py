@@ -24,11 +24,15 @@ from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.int8_dot import (I32X16, KINDS, block_scale, q4_k_quants, q4_k_scales, q6_k_quants,
                                       q6_k_scales)
 from nanoasr.kernels.quant_blocks import _f16x8
-from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, bytes_of, i64, lanes, load_vector, mac, splat,
-                                       store_first)
+from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, bytes_of, i64, lanes, load_vector, mac, prefetch,
+                                       splat, store_first)
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
 X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 16 lanes
+# Values of a row a panel is packed by at a time, all 32 rows: the chunk's packed lines (32 KB) stay in L1
+# while every row writes into them, each row is read 1024 values in a run, and the run after it is
+# prefetched (the hardware prefetcher does not follow 32 rows' streams)
+CHUNK = 1024
 SCALES = {"q8_0": 1, "q4_k": 1, "q6_k": 2}  # weight scales per 32 values
 
 
@@ -68,29 +72,39 @@ def _pack_panel(typingctx, kind, data, r0, nb, packed, scales, mins):
         base = b.bitcast(da.data, ir.PointerType(I8))
         words = b.bitcast(pa.data, ir.PointerType(I32))
         last = b.sub(rows, i64(1))
-        with cgutils.for_range(b, nb) as kb:  # a block's lines are written whole before the next block's
+        per_chunk = max(1, CHUNK // size)
+        chunks = b.udiv(b.add(nb, i64(per_chunk - 1)), i64(per_chunk))
+        with cgutils.for_range(b, chunks) as c:
+            first_block = b.mul(c.index, i64(per_chunk))
+            end = b.add(first_block, i64(per_chunk))
+            end = b.select(b.icmp_signed("<", end, nb), end, nb)
             with cgutils.for_range(b, i64(PANEL)) as j:
                 r = b.add(r0, j.index)
                 r = b.select(b.icmp_signed("<", r, rows), r, last)
                 row = b.gep(base, [b.mul(r, stride)])
                 group, lane = b.udiv(j.index, i64(16)), b.urem(j.index, i64(16))
-                blk = b.gep(row, [b.mul(kb.index, i64(nbytes))])
-                quants, scale, negmins = _sub_blocks(b, name, blk)
-                first_sub = b.mul(kb.index, i64(size // 32))
-                at = b.add(b.mul(first_sub, i64(SCALES[name] * PANEL)), j.index)
-                _scatter(b, scale, b.gep(sa.data, [at]), PANEL)
-                if negmins is not None:
-                    at = b.add(b.mul(first_sub, i64(PANEL)), j.index)
-                    _scatter(b, negmins, b.gep(ma.data, [at]), PANEL)
-                for s, q in enumerate(quants):
-                    first = b.add(b.mul(b.add(b.mul(b.add(first_sub, i64(s)), i64(2)), group), i64(8 * 16)),
-                                  lane)
-                    q = b.bitcast(q, ir.VectorType(I32, 8))
-                    for g in range(8):
-                        b.store(b.extract_element(q, ir.Constant(I32, g)),
-                                b.gep(words, [b.add(first, i64(16 * g))]))
+                with cgutils.for_range_slice(b, first_block, end, i64(1)) as (k, _):
+                    blk = b.gep(row, [b.mul(k, i64(nbytes))])
+                    prefetch(b, b.gep(blk, [i64(per_chunk * nbytes)]))  # the row's next chunk
+                    _pack_block(b, name, blk, k, j.index, group, lane, words, sa.data, ma.data)
         return context.get_dummy_value()
     return types.none(kind, data, r0, nb, packed, scales, mins), codegen
+
+
+def _pack_block(b, name, blk, k, j, group, lane, words, scales, mins):
+    """Block k of panel row j (at blk) into the packed lines, its scales and negated mins."""
+    size = BLOCKS[name].size
+    quants, scale, negmins = _sub_blocks(b, name, blk)
+    first_sub = b.mul(k, i64(size // 32))
+    at = b.add(b.mul(first_sub, i64(SCALES[name] * PANEL)), j)
+    _scatter(b, scale, b.gep(scales, [at]), PANEL)
+    if negmins is not None:
+        _scatter(b, negmins, b.gep(mins, [b.add(b.mul(first_sub, i64(PANEL)), j)]), PANEL)
+    for s, q in enumerate(quants):
+        first = b.add(b.mul(b.add(b.mul(b.add(first_sub, i64(s)), i64(2)), group), i64(8 * 16)), lane)
+        q = b.bitcast(q, ir.VectorType(I32, 8))
+        for g in range(8):
+            b.store(b.extract_element(q, ir.Constant(I32, g)), b.gep(words, [b.add(first, i64(16 * g))]))
 
 
 def _parts(b, name, halves, k):
