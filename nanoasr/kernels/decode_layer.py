@@ -13,7 +13,8 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from nanoasr.kernels.attention import _attend, _new_position
 from nanoasr.kernels.blocks import BLOCKS
@@ -22,15 +23,21 @@ from nanoasr.kernels.int8_dot import MATVEC_INT8
 from nanoasr.kernels.matvec import MATVEC
 
 
-def _product(key: tuple):
-    """x [B <= 8, cols] @ W.T -> [B, rows] for W stored as key[0], its rows as key[1] says: "exact" (float32
-    rows, matvec.py) or an int8 path (int8_dot.PATHS)."""
-    kind, rows = key
-    driver = MATVEC[kind] if rows == "exact" else MATVEC_INT8[kind, rows]
-    size = BLOCKS[kind].size
+def _product(kind, rows, x, data):  # x [B <= 8, cols] @ W.T -> [B, rows of W]: compiled code only
+    raise NotImplementedError("compiled code only: numba picks the kernel when the layer compiles")
 
-    @njit(inline="always")
-    def product(x, data):
+
+@overload(_product, prefer_literal=True)
+def _product_kernel(kind, rows, x, data):
+    """The decode kernel for W stored as `kind` with rows as `rows` says: "exact" (float32 rows, matvec.py) or
+    an int8 path (int8_dot.PATHS); both literal strings, so the layer's cache key holds no kernel object."""
+    if not isinstance(kind, types.StringLiteral) or not isinstance(rows, types.StringLiteral):
+        return None
+    stored, path = kind.literal_value, rows.literal_value
+    driver = MATVEC[stored] if path == "exact" else MATVEC_INT8[stored, path]
+    size = BLOCKS[stored].size
+
+    def product(kind, rows, x, data):
         out = np.empty((x.shape[0], data.shape[0]), np.float32)
         driver(x, data, x.shape[1] // size, out)
         return out
@@ -41,7 +48,9 @@ def _product(key: tuple):
 def layer_for(products: tuple):
     """The compiled layer whose q, k, v, o, gate, up and down products are `products` ((storage type, "exact"
     or int8 path) each)."""
-    p_q, p_k, p_v, p_o, p_gate, p_up, p_down = (_product(key) for key in products)
+    # strings only in the closure: numba keys a cached function by its closure's pickled contents
+    (k_q, r_q), (k_k, r_k), (k_v, r_v), (k_o, r_o), (k_gate, r_gate), (k_up, r_up), (k_down, r_down) = \
+        products
 
     def layer(x, w_q, w_k, w_v, w_o, w_gate, w_up, w_down, input_norm, q_norm, k_norm, post_norm, eps, cos,
               sin, scale, keys, values, positions):
@@ -50,7 +59,7 @@ def layer_for(products: tuple):
         heads = heads_dim // head_dim
         h = np.empty_like(x)
         _rms_norm_rows(x, input_norm, eps, h)
-        q, k, v = p_q(h, w_q), p_k(h, w_k), p_v(h, w_v)
+        q, k, v = _product(k_q, r_q, h, w_q), _product(k_k, r_k, h, w_k), _product(k_v, r_v, h, w_v)
         rotated = np.empty((b, heads, head_dim), np.float32)
         _new_position(q.reshape(b, heads, head_dim), k.reshape(b, kv_heads, head_dim),
                       v.reshape(b, kv_heads, head_dim), q_norm, k_norm, eps, cos, sin, scale, keys, values,
@@ -58,11 +67,11 @@ def layer_for(products: tuple):
         attended = np.empty((b, kv_heads, heads // kv_heads, head_dim), np.float32)
         _attend(rotated.reshape(b, kv_heads, heads // kv_heads, head_dim), keys, values, positions + 1,
                 attended)
-        x = x + p_o(attended.reshape(b, heads_dim), w_o)
+        x = x + _product(k_o, r_o, attended.reshape(b, heads_dim), w_o)
         _rms_norm_rows(x, post_norm, eps, h)
-        gate, up = p_gate(h, w_gate), p_up(h, w_up)
+        gate, up = _product(k_gate, r_gate, h, w_gate), _product(k_up, r_up, h, w_up)
         _swiglu_rows(gate, up)
-        return x + p_down(gate, w_down)
+        return x + _product(k_down, r_down, gate, w_down)
     layer.__name__ = layer.__qualname__ = "decode_layer_" + "_".join(f"{k}_{r}" for k, r in products)
     return njit(cache=True)(layer)
 
