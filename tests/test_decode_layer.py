@@ -1,7 +1,7 @@
 """The compiled decode layer (nanoasr.kernels.decode_layer) against the op-by-op decoder layer it replaces:
-the same kernels in the same order, so the same bits, for every storage type with float32 rows and with int8
-ones, one row and batches whose rows sit at different positions; and the guard that sends a layer to it only
-where every product runs a decode kernel over a float32 cache."""
+the same kernels in the same order, so the same bits, for every storage type with float32 rows, rows rounded
+to bf16 and int8 ones, one row and batches whose rows sit at different positions; and the guard that sends a
+layer to it only where every product runs a decode kernel over whole blocks and a float32 cache."""
 import numpy as np
 import pytest
 
@@ -24,15 +24,23 @@ MIXES = {"q8_0 int8": (["q8_0"] * 7, "int8"),
          "each kind int8": (["q6_k", "q8_0", "q4_k", "q6_k", "q8_0", "q4_k", "q8_0"], "int8"),
          "bf16": (["bf16"] * 7, "exact"),
          "each kind exact": (["f16", "f32", "bf16", "q4_k", "q6_k", "q8_0", "f16"], "exact"),
-         "int8 beside dense": (["q8_0", "bf16", "q4_k", "f16", "q8_0", "q6_k", "f32"], "int8")}
+         "int8 beside dense": (["q8_0", "bf16", "q4_k", "f16", "q8_0", "q6_k", "f32"], "int8"),
+         "bf16 rows": (["bf16"] * 7, "bf16"),
+         "bf16 rows beside dense": (["bf16", "f16", "bf16", "q8_0", "bf16", "f32", "bf16"], "bf16")}
+
+
+def marked(kind, activations):  # as nanoasr.backend.cpu.place marks a matrix of `kind`
+    if activations == "int8":
+        return "exact" if kind in DENSE else "int8"
+    return "bf16" if activations == "bf16" and kind == "bf16" else "exact"
 
 
 def stored(w, kind, activations):
-    """w float32 [rows, cols] in storage type `kind`, marked as nanoasr.backend.cpu.place marks it."""
+    """w float32 [rows, cols] in storage type `kind`, marked for `activations` as the CPU places it."""
     if kind in DENSE:
         data = {"f32": w, "f16": w.astype(np.float16), "bf16": (w.view(np.uint32) >> 16).astype(np.uint16)}
-        return StoredTensor(data[kind], kind, w.shape, "exact" if activations == "int8" else activations)
-    return StoredTensor(quantize(w, kind), kind, w.shape, activations)
+        return StoredTensor(data[kind], kind, w.shape, marked(kind, activations))
+    return StoredTensor(quantize(w, kind), kind, w.shape, marked(kind, activations))
 
 
 def layer_weights(kinds, activations, seed=0):
@@ -85,24 +93,25 @@ def test_the_compiled_layer_gives_the_bits_of_the_op_by_op_layer(monkeypatch, mi
     whole = steps(w, len(prompt_lengths), prompt_lengths)
     assert len(calls) == 4 * CFG.num_hidden_layers
     assert {shape for shape, _ in calls} == {(len(prompt_lengths), CFG.hidden_size)}
-    int8 = cpu_backend.host_path() or "exact"
-    assert {products for _, products in calls} == {tuple(
-        (kind, int8 if MIXES[mix][1] == "int8" and kind not in DENSE else "exact") for kind in MIXES[mix][0])}
+    kinds, activations = MIXES[mix]
+    rows = {"int8": cpu_backend.host_path() or "exact", "bf16": "bf16", "exact": "exact"}
+    assert {products for _, products in calls} == {tuple((kind, rows[marked(kind, activations)])
+                                                         for kind in kinds)}
     apart = steps(w, len(prompt_lengths), prompt_lengths, whole=False)
     assert len(calls) == 4 * CFG.num_hidden_layers
     np.testing.assert_array_equal(whole, apart)
     assert np.isfinite(whole).all() and np.abs(whole).max() > 0.1
 
 
-def test_a_layer_with_bf16_rows_runs_op_by_op(monkeypatch):
-    """bf16 activations round a product's rows first: one such product keeps its layer op by op."""
-    calls = []
-    monkeypatch.setattr(layer_kernel, "decode_layer", lambda *args: calls.append(1))
-    w = layer_weights(*MIXES["bf16"])
-    name = f"{decoder.P}layers.1.self_attn.v_proj.weight"
-    w[name] = StoredTensor(w[name].data, "bf16", w[name].shape, "bf16")
-    steps(w, 1, [4], count=1)
-    assert len(calls) == 1  # layer 0 only
+def test_a_matrix_with_a_partial_block_keeps_its_layer_op_by_op():
+    """Columns past a matrix's last whole block meet BLAS in the op-by-op product."""
+    w = layer_weights(*MIXES["bf16 rows"])
+    matrices = [w[f"{decoder.P}layers.0.{name}.weight"] for name in decoder.MATRICES]
+    ragged = np.zeros((256, 500), np.uint16)
+    matrices[6] = StoredTensor(ragged, "bf16", ragged.shape, "bf16")
+    cache = np.zeros((1, 2, 8, 64), np.float32)
+    x = np.zeros((1, 256), np.float32)
+    assert cpu_backend.decode_layer(x, matrices, [], 1e-6, None, None, 1.0, cache, cache, [0]) is None
 
 
 def test_stored_data_that_does_not_fit_its_shape_is_refused():

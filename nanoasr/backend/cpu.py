@@ -86,14 +86,14 @@ def decode_attention(q, keys, values, lengths):  # the kernel checks lengths aga
 
 def decode_layer(x, matrices, norms, eps, cos, sin, scale, keys, values, positions):
     """A decode step's layer in one compiled call (kernels/decode_layer.py) where each product runs a decode
-    kernel (float32 rows, or int8 ones for weights marked for them) and the cache is float32; None otherwise
-    (bf16 rows, columns past the last whole block): the decoder then runs it op by op."""
+    kernel (float32 rows, rounded to bf16 or int8 ones as the weights are marked) and the cache is float32;
+    None otherwise (columns past the last whole block): the decoder then runs it op by op."""
     if len(x) > FUSED_ROWS or x.dtype != np.float32 or keys.dtype != np.float32:
         return None
     products, data = [], []
     for w in matrices:
         rows = (host_path() or "exact") if w.activations == "int8" else w.activations  # stored_matmul's rows
-        if rows == "bf16" or w.shape[1] % BLOCKS[w.dtype].size:
+        if w.shape[1] % BLOCKS[w.dtype].size:
             return None
         products.append((w.dtype, rows))
         data.append(cpu.stored_data(w.data, w.dtype, *w.shape))  # checked: the kernels read it unchecked

@@ -1,6 +1,7 @@
 """A decoder layer's decode step (one new position in each of up to 8 rows) as one compiled call over a
 float32 cache, where each of the layer's seven products runs a decode kernel: the int8 kernels (int8_dot.py)
-for weights marked for int8 activations, the float32-row kernels (matvec.py) for exact ones.
+for weights marked for int8 activations, the float32-row kernels (matvec.py) for the others (on rows
+rounded to bf16 first for weights marked for bf16 activations).
 
 It calls the kernels the op-by-op path (nanoasr.model.decoder.decoder_layer through nanoasr.ops) calls, on
 the same operands in the same order, so it gives the same bits; what it leaves out is the dozen Python calls
@@ -19,7 +20,7 @@ from numba.extending import overload
 from nanoasr.kernels.attention import _attend, _new_position
 from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.elementwise import _rms_norm_rows, _swiglu_rows
-from nanoasr.kernels.int8_dot import MATVEC_INT8
+from nanoasr.kernels.int8_dot import MATVEC_INT8, PATHS
 from nanoasr.kernels.matvec import MATVEC
 
 
@@ -27,27 +28,40 @@ def _product(kind, rows, x, data):  # x [B <= 8, cols] @ W.T -> [B, rows of W]: 
     raise NotImplementedError("compiled code only: numba picks the kernel when the layer compiles")
 
 
+@njit(cache=True)
+def _bf16_rows(x):  # float32 [n, k] (C-contiguous) -> each value rounded to bf16 as ops.rows_bf16_xp does
+    bits = x.view(np.uint32)
+    out = np.empty_like(bits)
+    for r in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            b = bits[r, c]
+            nearest_even = b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))
+            out[r, c] = nearest_even & np.uint32(0xFFFF0000)
+    return out.view(np.float32)
+
+
 @overload(_product, prefer_literal=True)
 def _product_kernel(kind, rows, x, data):
-    """The decode kernel for W stored as `kind` with rows as `rows` says: "exact" (float32 rows, matvec.py) or
-    an int8 path (int8_dot.PATHS); both literal strings, so the layer's cache key holds no kernel object."""
+    """The decode kernel for W stored as `kind` with rows as `rows` says: "exact" (float32 rows, matvec.py),
+    "bf16" (the rows rounded to bf16 first, then matvec.py) or an int8 path (int8_dot.PATHS); both literal
+    strings, so the layer's cache key holds no kernel object."""
     if not isinstance(kind, types.StringLiteral) or not isinstance(rows, types.StringLiteral):
         return None
     stored, path = kind.literal_value, rows.literal_value
-    driver = MATVEC[stored] if path == "exact" else MATVEC_INT8[stored, path]
-    size = BLOCKS[stored].size
+    driver = MATVEC_INT8[stored, path] if path in PATHS else MATVEC[stored]
+    size, rounded = BLOCKS[stored].size, path == "bf16"
 
     def product(kind, rows, x, data):
         out = np.empty((x.shape[0], data.shape[0]), np.float32)
-        driver(x, data, x.shape[1] // size, out)
+        driver(_bf16_rows(x) if rounded else x, data, x.shape[1] // size, out)
         return out
     return product
 
 
 @cache
 def layer_for(products: tuple):
-    """The compiled layer whose q, k, v, o, gate, up and down products are `products` ((storage type, "exact"
-    or int8 path) each)."""
+    """The compiled layer whose q, k, v, o, gate, up and down products are `products` ((storage type, rows:
+    "exact", "bf16" or an int8 path) each)."""
     # strings only in the closure: numba keys a cached function by its closure's pickled contents
     (k_q, r_q), (k_k, r_k), (k_v, r_v), (k_o, r_o), (k_gate, r_gate), (k_up, r_up), (k_down, r_down) = \
         products
