@@ -248,8 +248,8 @@ def new_position_xp(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values,
 
 
 def decode_layer(x, matrices, norms, eps, cos, sin, scale, keys, values, positions):  # x [B, H] -> [B, H]
-    # or None: a decode step's decoder layer in one call, where the device has one (the CPU, for int8 products
-    # over a float32 cache: nanoasr.kernels.decode_layer); None, and the decoder runs the layer op by op
+    # or None: a decode step's decoder layer in one call, where the device has one (the CPU, for products over
+    # whole blocks and a float32 cache: nanoasr.kernels.decode_layer); None, and the decoder runs it op by op
     return kernels_for(x).decode_layer(x, matrices, norms, eps, cos, sin, scale, keys, values, positions)
 
 

@@ -7,8 +7,8 @@ prompt padded on the right to the longest (a causal query never sees the padding
 results are its own); batched decode is n = 1 for the active rows, each at its own position. `Session` keeps
 the cache rows and their positions for that loop: prefill prompts into free rows (one pass over the weights
 for all of them), step every active row, retire a finished row. Where the backend has one, a decode step's
-layer runs as one compiled call (ops.decode_layer: on the CPU with int8 products) computing what the
-op-by-op layer below computes, bit for bit.
+layer runs as one compiled call (ops.decode_layer: on the CPU) computing what the op-by-op layer below
+computes, bit for bit.
 """
 from __future__ import annotations
 
