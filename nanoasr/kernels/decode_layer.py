@@ -5,8 +5,8 @@ rounded to bf16 first for weights marked for bf16 activations).
 
 It calls the kernels the op-by-op path (nanoasr.model.decoder.decoder_layer through nanoasr.ops) calls, on
 the same operands in the same order, so it gives the same bits; what it leaves out is the dozen Python calls
-per layer between them. On two cores those cost about a seventh of a step: each product streams megabytes
-of weights through the caches, and the interpreter's own data is cold again by the next call. One function
+per layer between them, which on two cores cost a good part of a step: each product streams megabytes of
+weights through the caches, and the interpreter's own data is cold again by the next call. One function
 is compiled for each set of seven products a model has (one or two per model), and cached on disk.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from nanoasr.kernels.amx import _bf16
 from nanoasr.kernels.attention import _attend, _new_position
 from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.elementwise import _rms_norm_rows, _swiglu_rows
@@ -34,9 +35,7 @@ def _bf16_rows(x):  # float32 [n, k] (C-contiguous) -> each value rounded to bf1
     out = np.empty_like(bits)
     for r in range(x.shape[0]):
         for c in range(x.shape[1]):
-            b = bits[r, c]
-            nearest_even = b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))
-            out[r, c] = nearest_even & np.uint32(0xFFFF0000)
+            out[r, c] = np.uint32(_bf16(bits[r, c])) << np.uint32(16)
     return out.view(np.float32)
 
 
