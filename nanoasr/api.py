@@ -124,7 +124,8 @@ class Model:
         in the encoder's and prefill's attention, on AMX tiles where the CPU has them); see
         nanoasr.backend.ACTIVATIONS. `huge_pages`: on the CPU, read the weight matrices into a private copy in
         2 MiB pages, from which decoding streams them faster, instead of reading them through the
-        checkpoint's file mapping (shared with other processes that load the same file, no copy)."""
+        checkpoint's file mapping (shared with other processes that load the same file, no copy), where
+        the page cache holds the file in 4 KiB pages (nanoasr/formats/mapping.py)."""
         self.batch_size = _whole_number("batch_size", batch_size)
         if self.batch_size < 1:
             raise OptionError(f"batch_size must be at least 1; got {self.batch_size}", "batch_size")

@@ -18,6 +18,7 @@ from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
 from nanoasr.errors import ModelError
+from nanoasr.formats.mapping import leave_page_cache
 from nanoasr.model.spec import spec
 
 MANIFEST = "nanoasr-package.json"  # written into a local_dir: which package, repo and commit it holds
@@ -311,10 +312,15 @@ def _fetch(target: Target, local_dir, offline: bool, progress: bool, verify_all:
         return _resolved(target, path, local_dir, verify_all, fresh=())
     earlier = _manifest_files(local_dir) if local_dir is not None else []  # a bad one fails before fetching
     if target.files is None:
-        path, fresh = _snapshot(target, local_dir, progress), ()
+        before = _file_ids(local_dir if local_dir is not None else _repo_cache(target) / "blobs")
+        path = _snapshot(target, local_dir, progress)
+        fresh = tuple(p.name for p in sorted((path if path.is_dir() else path.parent).iterdir())
+                      if p.is_file() and _file_id(p) not in before)
     else:
         path, fresh = _download_package(target, local_dir, progress)
     resolved = _resolved(target, path, local_dir, verify_all, fresh)
+    for name in fresh:  # after their checks have read them
+        leave_page_cache((path if path.is_dir() else path.parent) / name)
     if local_dir is not None:
         _write_manifest(local_dir, target, resolved.revision, earlier)
     return resolved
@@ -330,6 +336,17 @@ def _download_package(target: Target, local_dir, progress: bool) -> tuple[Path, 
             fresh.append(f.name)
     path = paths[0] if target.package.format == "gguf" else paths[0].parent
     return path, tuple(fresh)
+
+
+def _file_ids(folder: Path) -> set[tuple[int, int, int]]:
+    """_file_id of every file under a folder (none if there is no such folder)."""
+    return {_file_id(p) for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else set()
+
+
+def _file_id(path: Path) -> tuple[int, int, int]:
+    """(device, inode, modification time) of the file a path leads to: a file written later has another."""
+    stat = path.stat()
+    return stat.st_dev, stat.st_ino, stat.st_mtime_ns
 
 
 def _resolved(target: Target, path: Path, local_dir, verify_all: bool, fresh: tuple[str, ...]) -> Resolved:
@@ -452,13 +469,17 @@ def _present(target: Target, local_dir) -> Path | None:
 def _cached_snapshot(target: Target, local_dir) -> Path | None:
     if local_dir is not None:
         return local_dir if (local_dir / MANIFEST).is_file() else None
-    repo_dir = cache_dir() / f"models--{target.repo.replace('/', '--')}"
+    repo_dir = _repo_cache(target)
     commit = target.revision
     if not COMMIT.fullmatch(commit):
         ref = repo_dir / "refs" / commit
         commit = ref.read_text().strip() if ref.is_file() else None
     folder = repo_dir / "snapshots" / commit if commit else None
     return folder if folder is not None and folder.is_dir() else None
+
+
+def _repo_cache(target: Target) -> Path:
+    return cache_dir() / f"models--{target.repo.replace('/', '--')}"
 
 
 def _missing(target: Target, local_dir) -> list[str]:

@@ -60,6 +60,18 @@ def test_configurations_run_interleaved_and_the_report_carries_the_machine(monke
     assert "| nanoasr --huge-pages m-q8_0.gguf | 0.94 | 1.00 | 0.25 |" in text
 
 
+def test_the_same_file_name_in_two_folders_keeps_two_rows(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "run_child", lambda kind, model, args, **extra: {"decode_ms_per_token": 10.0})
+    monkeypatch.setattr(bench, "read_bandwidth", lambda threads: {"median": 20.0, "min": 18.0, "max": 21.0})
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--model", "written/m-q8_0.gguf", "--model",
+                                      "read/m-q8_0.gguf", "--model", "m-bf16", "--rounds", "1",
+                                      "--json", str(tmp_path / "out.json")])
+    assert bench.main() == 0
+    runs = json.loads((tmp_path / "out.json").read_text())["runs"]
+    assert list(runs) == ["nanoasr written/m-q8_0.gguf", "nanoasr read/m-q8_0.gguf", "nanoasr m-bf16"]
+    assert bench._stored_type("nanoasr written/m-q8_0.gguf") == "q8_0"
+
+
 @pytest.mark.parametrize("installed", [True, False])
 def test_llama_system_info_with_and_without_the_package(tmp_path, installed):
     python = tmp_path / "python"
@@ -84,3 +96,5 @@ def test_a_nanoasr_child_on_the_tiny_checkpoint(tiny_dir):
     for key in ("decode_ms_per_token", "prefill196_ms", "encoder_adaptor_30s_ms", "step_ms_ctx64_b1"):
         assert figures[key] > 0
     assert figures["decode_gb_per_s"] > 0
+    share = figures["file_pages_2mib_share"]  # the share of the checkpoint's mapped pages in 2 MiB pages
+    assert share is None if not sys.platform.startswith("linux") else 0 <= share <= 1

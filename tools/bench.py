@@ -58,6 +58,7 @@ def device_figures(model) -> dict:
 
 def child_nanoasr(args) -> dict:
     from nanoasr.api import Model
+    from nanoasr.formats.mapping import huge_page_share
     from tools.synth import speech_like
 
     start = time.perf_counter()
@@ -76,6 +77,7 @@ def child_nanoasr(args) -> dict:
     out["rtf"] = second.timings["total"] / 1e3 / args.seconds
     out.update(stage_times(model, args.threads))
     out["peak_rss_mb"] = peak_rss_mb()  # transcribing: before the step tests below fill 8 cache rows
+    out["file_pages_2mib_share"] = huge_page_share(model_files(args.model))
     out.update(step_times(model))
     out["batch8_speedup"] = 8 * out["step_ms_ctx64_b1"] / out["step_ms_ctx64_b8"]
     out["decode_gb_per_s"] = decode_weight_bytes(model) / out["step_ms_ctx64_b1"] / 1e6
@@ -83,6 +85,12 @@ def child_nanoasr(args) -> dict:
         out.update(long_audio(model, args))
     out.update(device_figures(model))
     return out
+
+
+def model_files(model: str) -> list[Path]:
+    """The files a checkpoint directory or a .gguf path names (huge_page_share counts those mapped)."""
+    path = Path(model)
+    return sorted(path.iterdir()) if path.is_dir() else [path]
 
 
 def decode_weight_bytes(model) -> int:
@@ -367,7 +375,7 @@ COLUMNS = (  # (header, keys tried in order)
     ("RTF, the clip", ("rtf",)), ("RTF long", ("long_rtf",)),
     ("RTF long, segments one by one", ("long_sequential_rtf",)),
     ("batched = sequential ids", ("long_batched_equals_sequential",)),
-    ("peak RSS MB", ("peak_rss_mb",)),
+    ("peak RSS MB", ("peak_rss_mb",)), ("file pages in 2 MiB pages", ("file_pages_2mib_share",)),
 )
 DEVICE_COLUMNS = (("peak device MB", ("peak_device_mb",)), ("device", ("device",)))  # runs on a GPU only
 
@@ -422,7 +430,10 @@ def report(results: dict, args) -> str:
               "forward). Prefill 196, 8 together: eight such prompts in one forward, per prompt. "
               "Peak RSS is taken after the transcriptions and stage timings, before the step timings fill "
               "eight cache rows. Decode step weights GB/s: the stored matrices one step reads (all decoder "
-              "matrices and the LM head) over the median step after 64 positions; ratios are of medians."]
+              "matrices and the LM head) over the median step after 64 positions; ratios are of medians. "
+              "File pages in 2 MiB pages: the share of the model files' resident mapped pages that the "
+              "kernel maps in 2 MiB pages (nanoasr/formats/mapping.py; with --huge-pages the matrices are "
+              "copies and the file's mapping keeps the rest)."]
     long = [(name, r["long_stage_s"]) for name, r in results["runs"].items() if "long_stage_s" in r]
     for name, stages in long:
         lines += ["", f"Long audio through {name}, seconds per stage: {stages}."]
@@ -467,7 +478,10 @@ def ratios(runs: dict, bandwidth_gbs: float) -> list[str]:
 def configurations(args) -> list:
     """(row name, a call that runs it once), in the order each round runs them."""
     pages = {"off": ["off"], "on": ["on"], "both": ["off", "on"]}[args.huge_pages]
-    runs = [(f"nanoasr {'--huge-pages ' if p == 'on' else ''}{Path(m).name}",
+    names = [Path(m).name for m in args.model]
+    named = {m: Path(m).name if names.count(Path(m).name) == 1 else f"{Path(m).parent.name}/{Path(m).name}"
+             for m in args.model}  # the same file in two folders: e.g. one just written, one read from disk
+    runs = [(f"nanoasr {'--huge-pages ' if p == 'on' else ''}{named[m]}",
              lambda m=m, p=p: run_child("nanoasr", m, args, **{"huge-pages": p}))
             for m in args.model for p in pages]
     if args.transformers:

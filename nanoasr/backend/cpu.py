@@ -158,10 +158,11 @@ KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
 
 def place(tensors: dict, vectors: set[str], activations: str = "exact", huge_pages: bool = False) -> dict:
     """Matrices stay in their stored type, float32 ones too, so that decoding streams them through the same
-    kernels; vectors are widened once. With huge_pages the matrices are read into one buffer of huge pages
-    (pages.py); otherwise they stay where the checkpoint put them (a file mapping, shared between
-    processes). With int8 activations, the block-quantized matrices (Q8_0, Q4_K, Q6_K) are marked for the
-    integer product; with bf16 activations, the BF16 matrices."""
+    kernels; vectors are widened once. With huge_pages the matrices (and the float32 vectors, which widen to
+    views of the file) are read into one buffer of huge pages (pages.py); otherwise they stay where the
+    checkpoint put them (a file mapping, shared between processes). With int8 activations, the
+    block-quantized matrices (Q8_0, Q4_K, Q6_K) are marked for the integer product; with bf16 activations,
+    the BF16 matrices."""
     def matrix(t):
         marked = (activations == "int8" and t.dtype in cpu.MATVEC_INT8_KINDS
                   or activations == "bf16" and t.dtype == "bf16")
@@ -170,6 +171,9 @@ def place(tensors: dict, vectors: set[str], activations: str = "exact", huge_pag
     if not huge_pages:
         return placed
     matrices = [name for name, t in placed.items() if isinstance(t, StoredTensor)]
-    copies = pages.in_huge_pages([placed[name].data for name in matrices])
-    return {**placed, **{name: dataclasses.replace(placed[name], data=data)
-                         for name, data in zip(matrices, copies)}}
+    # float32 vectors widen to views of the file: copied too, so that nothing reads the mapping afterwards
+    # (where the file is mapped in 2 MiB pages, reading a few bytes maps a whole 2 MiB page)
+    mapped = [name for name, t in placed.items() if name in vectors and pages.file_span(t) is not None]
+    copies = pages.in_huge_pages([placed[name].data for name in matrices] + [placed[name] for name in mapped])
+    return {**placed, **dict(zip(mapped, copies[len(matrices):])),
+            **{name: dataclasses.replace(placed[name], data=data) for name, data in zip(matrices, copies)}}

@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "tiles where the CPU has them)")
     model.add_argument("--huge-pages", action="store_true",
                        help="read the weight matrices into a private copy in 2 MiB pages, from which "
-                            "decoding streams them faster (more memory and load time; see docs/cli.md)")
+                            "decoding streams them faster where the file's page cache is in 4 KiB pages "
+                            "(more memory and load time; see docs/cli.md)")
     add_transcription_options(parser)
     _add_output_options(parser)
     return parser

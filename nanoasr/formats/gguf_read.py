@@ -13,6 +13,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUFValueType, GGMLQuantizationType, Keys
 
 from nanoasr.errors import ModelError
+from nanoasr.formats.mapping import map_read_only
 from nanoasr.storage import DENSE_NUMPY
 from nanoasr.tensor import StoredTensor
 
@@ -234,5 +235,5 @@ def read(path: str | Path) -> tuple[dict, dict[str, StoredTensor]]:
     if not path.is_file():
         raise ModelError(f"{where}: no such GGUF file")
     header = read_header(path)
-    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    mapped = map_read_only(path)
     return header.values, {info.name: _stored(mapped, info, where) for info in header.tensors}

@@ -10,6 +10,7 @@ from gguf import GGML_QUANT_SIZES, GGUFWriter
 
 from nanoasr.errors import ModelError
 from nanoasr.formats.gguf_read import GGML_TYPES
+from nanoasr.formats.mapping import leave_page_cache
 
 Progress = Callable[[int, int, str, str], None]  # (tensors written, tensors in all, name, stored type)
 
@@ -42,7 +43,8 @@ def write(path: Path, arch: str, add_metadata: Callable[[GGUFWriter], None],
     type) and `data` yields their GGUF data in the same order. `progress(done, total, name, stored_type)`,
     when given, is called after each tensor is written; nothing is printed.
 
-    Written beside `path` and renamed at the end, so a failed conversion leaves no partial file behind.
+    Written beside `path` and renamed at the end, so a failed conversion leaves no partial file behind; then
+    flushed and let go of the page cache, so that its first load reads it from disk in large folios.
     """
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
@@ -52,6 +54,7 @@ def write(path: Path, arch: str, add_metadata: Callable[[GGUFWriter], None],
         _stream(partial, w, infos, data, progress)
         w.close()
         os.replace(partial, path)
+        leave_page_cache(path)  # read back from disk, it is mapped in 2 MiB pages (mapping.py)
     finally:
         w.close()
         partial.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoasr.errors import ModelError
+from nanoasr.formats.mapping import map_read_only
 from nanoasr.storage import DENSE_NUMPY
 from nanoasr.tensor import StoredTensor
 
@@ -68,8 +69,7 @@ def read(path: str | Path) -> dict[str, StoredTensor]:
     path = Path(path)
     header, start = read_header(path)
     data_bytes = path.stat().st_size - start
-    mapped = (np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=(data_bytes,))
-              if data_bytes else None)
+    mapped = map_read_only(path, start, data_bytes) if data_bytes else None
     tensors = {}
     for name, info in header.items():
         dtype_name, shape, begin, end = _entry(path, name, info)

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from nanoasr.errors import ModelError
+from nanoasr.formats.mapping import map_read_only
 from nanoasr.tensor import StoredTensor
 
 # torch's storage classes -> (numpy dtype of the bytes, StoredTensor type; None for integer/bool buffers).
@@ -247,7 +248,7 @@ def read(path: str | Path) -> dict[str, StoredTensor]:
         prefix = info.filename[:-len("data.pkl")]
         _byteorder(archive, prefix, path)
         refs = unwrap(_unpickle(_read_pickle(archive, info, path), path), path)
-        mapped = np.memmap(path, dtype=np.uint8, mode="r")
+        mapped = map_read_only(path)
         storages, tensors = {}, {}
         for name, ref in refs.items():
             _check_ref(ref, name, path)

@@ -1,0 +1,64 @@
+"""Weight files as read-only memory maps, and the size of the pages under them.
+
+Every decode step streams all of the decoder's matrices from the checkpoint's mapping. How fast depends on
+the page cache: where it holds the file in 2 MiB folios the kernel maps them with 2 MiB pages, and a step
+reads measurably faster than through 4 KiB pages (docs/reports/performance.md; `tools/bench.py` reports the
+share of the weights so mapped). Where the file system keeps large folios in the page cache (ext4 on
+Linux 6.18 here), reading a file from disk fills the cache with large folios, but writing one leaves it in
+4 KiB folios until they are evicted. So the files nanoasr writes or downloads are flushed and let go of
+the page cache (`leave_page_cache`): their first load reads them from disk, in large folios. The mappings
+ask for huge pages (MADV_HUGEPAGE), which makes a page fault read the file in whole 2 MiB folios.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+
+def map_read_only(path: str | Path, offset: int = 0, size: int | None = None) -> np.memmap:
+    """uint8 view of `size` bytes of the file from `offset` (to its end when None), read-only, asking the
+    OS for huge pages."""
+    mapped = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=size)
+    mapping = getattr(mapped, "_mmap", None)  # numpy's handle on the mapping: not public, so optional
+    if mapping is not None and hasattr(mmap, "MADV_HUGEPAGE"):
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    return mapped
+
+
+def leave_page_cache(path: str | Path) -> None:
+    """Write a file's dirty pages to disk and drop its pages from the page cache (where the OS can), so that
+    its next reader reads it from disk in large folios. Pages another process has mapped stay."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the cache keeps dirty pages: write them first
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+SMAPS_ENTRY = re.compile(r"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+ +(?P<path>.*)$")
+
+
+def huge_page_share(paths: list[str | Path], smaps: str | None = None) -> float | None:
+    """The share of this process's resident pages of the files that are mapped in 2 MiB pages (FilePmdMapped
+    over Rss in /proc/self/smaps, or the `smaps` text given); None where there is no such file or none of
+    them is resident."""
+    if smaps is None:
+        try:
+            smaps = Path("/proc/self/smaps").read_text()
+        except OSError:
+            return None
+    wanted, counts, inside = {os.path.realpath(p) for p in paths}, {"Rss": 0, "FilePmdMapped": 0}, False
+    for line in smaps.splitlines():
+        entry = SMAPS_ENTRY.match(line)
+        if entry:
+            inside = entry["path"] in wanted
+        elif inside and line.split(":")[0] in counts:
+            counts[line.split(":")[0]] += int(line.split()[1])
+    return counts["FilePmdMapped"] / counts["Rss"] if counts["Rss"] else None
