@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from nanoasr import convert, hub
+from nanoasr.backend import pages
 from nanoasr.formats import gguf_write, mapping
 from tests.test_gguf import random_checkpoint
 from tests.test_hub import fake_hub, hf_env  # noqa: F401 (fixtures)
@@ -44,6 +45,15 @@ def test_a_mapping_asks_for_huge_pages(tmp_path):
     flags = next(line for line in entries[starts[0] + 1:] if line.startswith("VmFlags:"))
     assert " hg" in flags  # VM_HUGEPAGE
     del mapped
+
+
+def test_a_kernel_that_refuses_huge_pages_still_maps_the_file(tmp_path, monkeypatch):
+    data = random_file(tmp_path / "w.bin")
+    monkeypatch.setattr(mmap, "MADV_HUGEPAGE", 12345, raising=False)  # no such advice: EINVAL, as without THP
+    assert mapping.map_read_only(tmp_path / "w.bin").tobytes() == data
+    buf = pages.huge_page_buffer(4096)
+    buf[:] = 7
+    assert int(buf.sum()) == 7 * 4096
 
 
 def test_leaving_the_page_cache_flushes_first_and_keeps_the_file(tmp_path, monkeypatch):

@@ -15,6 +15,8 @@ import mmap
 
 import numpy as np
 
+from nanoasr.formats.mapping import ask_for_huge_pages
+
 HUGE_PAGE = 2 << 20
 LINE = 64  # each array starts on a cache line
 
@@ -27,8 +29,7 @@ def huge_page_buffer(nbytes: int) -> np.ndarray:
         region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     else:  # Windows
         region = mmap.mmap(-1, nbytes + HUGE_PAGE)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        region.madvise(mmap.MADV_HUGEPAGE)
+    ask_for_huge_pages(region)
     whole = np.frombuffer(region, np.uint8)  # keeps the region open while any view lives
     start = -whole.ctypes.data % HUGE_PAGE
     return whole[start:start + nbytes]

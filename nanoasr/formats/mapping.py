@@ -24,9 +24,19 @@ def map_read_only(path: str | Path, offset: int = 0, size: int | None = None) ->
     OS for huge pages."""
     mapped = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=size)
     mapping = getattr(mapped, "_mmap", None)  # numpy's handle on the mapping: not public, so optional
-    if mapping is not None and hasattr(mmap, "MADV_HUGEPAGE"):
-        mapping.madvise(mmap.MADV_HUGEPAGE)
+    if mapping is not None:
+        ask_for_huge_pages(mapping)
     return mapped
+
+
+def ask_for_huge_pages(region: mmap.mmap) -> None:
+    """madvise(MADV_HUGEPAGE) where the OS has it; a kernel built without transparent huge pages refuses it
+    (EINVAL), and the memory stays in small pages."""
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            region.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
 
 
 def leave_page_cache(path: str | Path) -> None:
