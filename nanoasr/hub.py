@@ -192,7 +192,7 @@ def _local(model) -> Resolved | None:
 
 def describe_local(path: Path) -> Resolved:
     """Repo, revision and package of local files: from an HF cache path or a nanoasr manifest beside them."""
-    folder = path if path.is_dir() else path.parent
+    folder = _folder(path)
     match = CACHE_SNAPSHOT.search(os.path.abspath(path))
     repo = revision = package = None
     if match:
@@ -314,13 +314,13 @@ def _fetch(target: Target, local_dir, offline: bool, progress: bool, verify_all:
     if target.files is None:
         before = _file_ids(local_dir if local_dir is not None else _repo_cache(target) / "blobs")
         path = _snapshot(target, local_dir, progress)
-        fresh = tuple(p.name for p in sorted((path if path.is_dir() else path.parent).iterdir())
+        fresh = tuple(p.name for p in sorted(_folder(path).iterdir())
                       if p.is_file() and _file_id(p) not in before)
     else:
         path, fresh = _download_package(target, local_dir, progress)
     resolved = _resolved(target, path, local_dir, verify_all, fresh)
     for name in fresh:  # after their checks have read them
-        leave_page_cache((path if path.is_dir() else path.parent) / name)
+        leave_page_cache(_folder(path) / name)
     if local_dir is not None:
         _write_manifest(local_dir, target, resolved.revision, earlier)
     return resolved
@@ -338,6 +338,11 @@ def _download_package(target: Target, local_dir, progress: bool) -> tuple[Path, 
     return path, tuple(fresh)
 
 
+def _folder(path: Path) -> Path:
+    """The folder of a package's files: a checkpoint's directory itself, a .gguf file's parent."""
+    return path if path.is_dir() else path.parent
+
+
 def _file_ids(folder: Path) -> set[tuple[int, int, int]]:
     """_file_id of every file under a folder (none if there is no such folder)."""
     return {_file_id(p) for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else set()
@@ -353,9 +358,9 @@ def _resolved(target: Target, path: Path, local_dir, verify_all: bool, fresh: tu
     if target.pinned:
         for f in target.files:
             if verify_all or f.name in fresh:
-                _verify(target, f, (path if path.is_dir() else path.parent) / f.name, local_dir)
+                _verify(target, f, _folder(path) / f.name, local_dir)
             elif f.sha256:
-                _check_blob_name(target, f, (path if path.is_dir() else path.parent) / f.name, local_dir)
+                _check_blob_name(target, f, _folder(path) / f.name, local_dir)
     match = CACHE_SNAPSHOT.search(os.path.abspath(path))
     revision = match["rev"] if match else _local_dir_commit(local_dir, target, path) or target.revision
     return Resolved(path, target.repo, revision, target.package)

@@ -13,6 +13,7 @@ from nanoasr import convert, hub
 from nanoasr.backend import pages
 from nanoasr.formats import gguf_write, mapping
 from tests.test_gguf import random_checkpoint
+from tests.test_huge_pages import smaps_entry
 from tests.test_hub import fake_hub, hf_env  # noqa: F401 (fixtures)
 
 
@@ -38,13 +39,9 @@ def test_a_mapping_asks_for_huge_pages(tmp_path):
     path = tmp_path / "w.bin"
     random_file(path)
     mapped = mapping.map_read_only(path)
-    entries = Path("/proc/self/smaps").read_text().split("\n")
-    starts = [i for i, line in enumerate(entries)
-              if (m := mapping.SMAPS_ENTRY.match(line)) and m["path"] == os.path.realpath(path)]
-    assert starts, "the file is not mapped"
-    flags = next(line for line in entries[starts[0] + 1:] if line.startswith("VmFlags:"))
-    assert " hg" in flags  # VM_HUGEPAGE
-    del mapped
+    entry = smaps_entry(mapped.ctypes.data)
+    assert entry and entry[0].rstrip().endswith(str(path))
+    assert "hg" in next(line for line in entry if line.startswith("VmFlags")).split()  # VM_HUGEPAGE
 
 
 def test_a_kernel_that_refuses_huge_pages_still_maps_the_file(tmp_path, monkeypatch):
