@@ -1,12 +1,18 @@
 """Decode-time matrix-vector kernels at the Qwen3-0.6B decoder's shapes: ms per call and weight GB/s.
 
-    python tools/kernel_bench.py [--threads 2] [--batch 1 8] [--dtypes f16 q8_0 ...] [--json out.json]
+    python tools/kernel_bench.py [--threads 2] [--batch 1 8] [--dtypes f16 q8_0 ...]
+                                 [--activations exact|int8|vnni|avx2] [--in-cache] [--json out.json]
 
 Weights stream from memory as in decoding: each shape is timed over enough distinct copies of the matrix to
-overflow the last-level cache. GB/s counts the stored bytes of the matrix read per call. The per-token line
+overflow the last-level cache, in 2 MiB pages where the OS gives them (as --huge-pages and files mapped in
+2 MiB pages hold them). GB/s counts the stored bytes of the matrix read per call. The per-token line
 adds 28 layers of q/k/v/o/gate/up/down plus the LM head; with q4_k and q6_k both timed, a Q4_K_M line
-mixes them as llama.cpp's Q4_K_M files do. Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
-unset (it re-executes itself without them), as users' machines have them.
+mixes them as llama.cpp's Q4_K_M files do. `--activations int8` times the block types with x quantized
+to int8 (the kernels of int8 activations, on this CPU's integer path; vnni or avx2 pick the path, where the
+CPU runs it) instead of float32 rows. `--in-cache` times one copy over and over instead: what the kernel's
+arithmetic allows where memory does not hold it back (a matrix that fits the core's cache). Runs with
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (it re-executes itself without them), as users' machines have
+them.
 """
 from __future__ import annotations
 
@@ -27,7 +33,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from nanoasr.kernels import cpu  # noqa: E402
+from nanoasr.backend.pages import in_huge_pages  # noqa: E402
+from nanoasr.kernels import cpu, int8_dot  # noqa: E402
 
 HIDDEN, HEAD_DIM, Q_HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 1024, 128, 16, 8, 3072, 151936, 28
 SHAPES = {  # name: (rows = out_features, cols = in_features)
@@ -42,7 +49,21 @@ SHAPES = {  # name: (rows = out_features, cols = in_features)
 }
 DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_k", "q6_k")
 F16_FIELDS = {"q8_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}
-COLD_BYTES = 192 << 20  # six times the 32 MiB L3 of the reference machine
+
+
+def last_level_cache_bytes() -> int:
+    """The size of cpu0's last-level cache from sysfs (0 where it does not say)."""
+    try:
+        caches = sorted(pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"))
+        size = caches[-1].read_text().strip()
+        return int(size[:-1]) << {"K": 10, "M": 20, "G": 30}[size[-1]]
+    except (IndexError, KeyError, OSError, ValueError):
+        return 0
+
+
+# bytes of copies each timing streams through: twice the last-level cache (some machines of this kind report
+# an L3 of 480 MiB, shared with other tenants), at least 192 MiB
+COLD_BYTES = max(192 << 20, 2 * last_level_cache_bytes())
 
 
 def stored_matrix(rng, dtype: str, rows: int, cols: int) -> np.ndarray:
@@ -62,18 +83,34 @@ def stored_matrix(rng, dtype: str, rows: int, cols: int) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
-def time_shape(rng, dtype: str, rows: int, cols: int, batch: int, reps: int) -> dict:
-    """Best and median ms per call over `reps` passes through distinct copies of one matrix."""
+def product(dtype: str, activations: str):
+    """The decode kernel for `dtype` weights and `activations` rows ("exact", "int8": the host's integer
+    path, or a path of int8_dot.PATHS), as cpu.matvec's signature."""
+    if activations == "exact" or dtype not in cpu.MATVEC_INT8_KINDS:
+        return cpu.matvec
+    path = int8_dot.host_path() if activations == "int8" else activations
+    runnable = {"vnni": ("vnni", "avx2"), "avx2": ("avx2",), None: ()}[int8_dot.host_path()]
+    if path not in runnable:
+        raise SystemExit(f"this CPU cannot run the int8 path {path or '(none: no AVX2)'}")
+    return lambda x, data, dtype, rows, cols, out: cpu.matvec_int8(x, data, dtype, rows, cols, out, path)
+
+
+def time_shape(rng, dtype: str, rows: int, cols: int, batch: int, reps: int, activations: str,
+               in_cache: bool = False) -> dict:
+    """Best and median ms per call over `reps` passes through distinct copies of one matrix (or the same one
+    as many times, in_cache)."""
+    matvec = product(dtype, activations)
     first = stored_matrix(rng, dtype, rows, cols)
-    copies = [first] + [first.copy() for _ in range(max(0, COLD_BYTES // first.nbytes - 1))]
+    count = max(1, COLD_BYTES // first.nbytes)
+    copies = in_huge_pages([first]) * count if in_cache else in_huge_pages([first] * count)
     x = rng.standard_normal((batch, cols), np.float32)
     out = np.empty((batch, rows), np.float32)
-    cpu.matvec(x, first, dtype, rows, cols, out)  # compile or load from the cache
+    matvec(x, first, dtype, rows, cols, out)  # compile or load from the cache
     per_call = []
     for _ in range(reps):
         start = time.perf_counter()
         for data in copies:
-            cpu.matvec(x, data, dtype, rows, cols, out)
+            matvec(x, data, dtype, rows, cols, out)
         per_call.append((time.perf_counter() - start) / len(copies))
     best, median = min(per_call), float(np.median(per_call))
     return {"dtype": dtype, "shape": [rows, cols], "batch": batch, "bytes": int(first.nbytes),
@@ -101,6 +138,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--activations", choices=("exact", "int8") + int8_dot.PATHS, default="exact")
+    ap.add_argument("--in-cache", action="store_true", help="time one copy over and over")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", type=pathlib.Path)
     args = ap.parse_args(argv)
@@ -110,6 +149,7 @@ def main(argv=None) -> int:
     numba.set_num_threads(args.threads)
     cpu_name = platform.processor() or platform.machine()
     print(f"threads {numba.get_num_threads()}, numba {numba.__version__}, {cpu_name}, "
+          f"activations {args.activations}{', in cache' if args.in_cache else ''}, "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')}")
     rng = np.random.default_rng(0)
     results = []
@@ -120,7 +160,7 @@ def main(argv=None) -> int:
             per_shape = {}
             for name in args.shapes:
                 rows, cols = SHAPES[name]
-                r = time_shape(rng, dtype, rows, cols, batch, args.reps)
+                r = time_shape(rng, dtype, rows, cols, batch, args.reps, args.activations, args.in_cache)
                 r["name"] = name
                 results.append(r)
                 per_shape[name] = r
@@ -142,7 +182,8 @@ def main(argv=None) -> int:
                   f"{mix['gbps_median']:.1f} GB/s")
             results.append(mix)
     if args.json:
-        args.json.write_text(json.dumps({"threads": args.threads, "results": results}, indent=1))
+        args.json.write_text(json.dumps({"threads": args.threads, "activations": args.activations,
+                                         "in_cache": args.in_cache, "results": results}, indent=1))
     return 0
 
 

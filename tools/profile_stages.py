@@ -1,6 +1,7 @@
 """Where the time goes: cProfile of encoder + adaptor on 30 s, a 196-position prefill, and decode steps.
 
-    python tools/profile_stages.py MODEL [--threads 2] [--steps 20] [--top 12]
+    python tools/profile_stages.py MODEL [--threads 2] [--steps 20] [--top 12] [--activations exact|bf16|int8]
+                                         [--huge-pages]
 
 MODEL is a checkpoint directory or .gguf. First the milliseconds per stage that Model.transcribe reports in
 Transcript.timings, for 30 s of speech-like audio. Then each stage runs once to compile and warm up, then once
@@ -31,6 +32,7 @@ import numpy as np  # noqa: E402
 
 import nanoasr.ops  # noqa: E402
 from nanoasr.api import Model  # noqa: E402
+from nanoasr.backend import ACTIVATIONS  # noqa: E402
 from nanoasr.model import decoder  # noqa: E402
 from tools.synth import speech_like  # noqa: E402
 
@@ -67,8 +69,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--activations", choices=ACTIVATIONS, default="exact")
+    parser.add_argument("--huge-pages", action="store_true", help="copy the weights into 2 MiB pages")
     args = parser.parse_args()
-    model = Model.load(args.model, threads=args.threads)
+    model = Model.load(args.model, threads=args.threads, activations=args.activations,
+                       huge_pages=args.huge_pages)
     wave = speech_like(30, seed=3)
     model.transcribe(wave, sample_rate=16000, max_new_tokens=args.steps, ignore_stop=True)  # compiles
     timings = model.transcribe(wave, sample_rate=16000, max_new_tokens=args.steps, ignore_stop=True).timings

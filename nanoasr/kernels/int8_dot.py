@@ -11,7 +11,10 @@ unsigned by adding 128, and the accumulator starts at -128 times the sum of each
 correction follows) and "avx2" (vpmaddubsw + vpmaddwd: |w| times x with w's sign, so that pairs of products
 cannot saturate int16; Q4_K's and Q6_K's quants are unsigned already). One 512-bit step covers two 32-value
 blocks; its 16 int32 lanes (8 per block) are widened to float and accumulated with their block's scale, and
-reduced once per pass as in rows_dot.
+reduced once per pass as in rows_dot. The scales are the vector ports' other work, so they are made once
+for the two weight rows decoded together: their f16 fields gathered as integers and converted in one
+instruction, Q4_K's packed 6-bit scales decoded side by side, and Q4_K's factors d*sc_j*dx made once a block
+(Q6_K's per step: a block's worth for 8 rows of x would not stay in registers).
 """
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ from numba.extending import intrinsic
 from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.quant_blocks import _f16x8, _scales_mins
 from nanoasr.kernels.rows_dot import ROWS, _RowsDot
-from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, i64, lanes, load_vector, mac, pick,
-                                       prefetch, unrolled_loop)
+from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, i64, lanes, load_vector, mac, pad16,
+                                       pick, prefetch, unrolled_loop)
 
 PATHS = ("vnni", "avx2")
 KINDS = ("q8_0", "q4_k", "q6_k")
@@ -119,42 +122,53 @@ class _Int8RowsDot(_RowsDot):
             first = b.mul(pair, i64(2))
             second = b.select(b.icmp_unsigned("<", b.add(first, i64(1)), count), b.add(first, i64(1)), first)
             at = b.add(b.udiv(k0, i64(2)), pair)
-            blocks = []
-            for w in ptrs:
-                blks = [b.gep(w, [b.mul(b.add(k0, k), i64(34))]) for k in (first, second)]
+            blks = [[b.gep(w, [b.mul(b.add(k0, k), i64(34))]) for k in (first, second)] for w in ptrs]
+            for pair_blks in blks:
                 for line in (0, 64):  # 68 bytes a step: the lines of the same step two row pairs on
-                    prefetch(b, b.gep(blks[0], [b.add(ahead, i64(line))]))
-                blocks.append(self.load_blocks(blks))
-            self.products(blocks, accs, at)
+                    prefetch(b, b.gep(pair_blks[0], [b.add(ahead, i64(line))]))
+            quants = [pick(b, *(load_vector(b, k, 2, I8, 32) for k in pair_blks), list(range(64)))
+                      for pair_blks in blks]
+            scales = self.block_scales(sum(blks, []))
+            self.products(quants, lambda r, dx: self.scaled(scales, dx()), accs, at)
         unrolled_loop(b, b.udiv(b.add(count, i64(1)), i64(2)), 2, step)
 
     def zero_accs(self, accs):
         for a in sum(accs, []):
             self.b.store(ir.Constant(a.type.pointee, None), a)
 
-    def load_blocks(self, blks):
-        """(<64 x i8> quants, <16 x float> scales, None) of two Q8_0 blocks, each scale over its block's 8
-        lanes (None: no mins)."""
-        b = self.b
-        quants = pick(b, *(load_vector(b, k, 2, I8, 32) for k in blks), list(range(64)))
-        scales = pick(b, *(_f16x8(b, k, 0) for k in blks), [0] * 8 + [8] * 8)
-        return quants, scales, None
+    def block_scales(self, blks):
+        """<4 x float>: the f16 scales of the blocks at blks (two weight rows' block pair)."""
+        return f16_fields(self.b, [(blk, 1) for blk in blks])
 
-    def products(self, blocks, accs, at):
-        """accs[j][r] += the int8 products of weight blocks j with row r of x, scaled (block pair `at`)."""
+    def scaled(self, scales, dx):
+        """The 16-lane factors of each weight row's integer sums for one row of x: dw * dx of its block pair
+        (lanes 0-7 the first block, 8-15 the second); dx <2 x float> that row's block pair scales."""
+        b = self.b
+        both = b.fmul(scales, lanes(b, dx, [0, 1, 0, 1]))
+        return [lanes(b, both, [2 * j] * 8 + [2 * j + 1] * 8) for j in range(len(scales.type) // 2)]
+
+    def products(self, quants, factors, accs, at):
+        """accs[j][r] += the int8 products of weight quants j with row r of x (block pair `at`) times
+        factors(r, dx)[j], a factor per int32 lane (dx() loads the row's <2 x float> scales of the pair)."""
         b, nx = self.b, self.nx
-        xq, xd, xb, xs = (b.gep(a.data, [b.mul(at, i64(n * nx))])
-                          for a, n in ((self.packed, 64), (self.sums, 2), (self.bias, 16), (self.xsums, 2)))
+        xq, xd, xb = (b.gep(a.data, [b.mul(at, i64(n * nx))])
+                      for a, n in ((self.packed, 64), (self.sums, 2), (self.bias, 16)))
         for r in range(nx):
             xv = load_vector(b, xq, 64 * r, I8, 64)
-            dx = lanes(b, load_vector(b, xd, 2 * r, F32, 2), [0] * 8 + [1] * 8)
-            for j, (wq, dw, negmins) in enumerate(blocks):
+            row_factors = factors(r, lambda: load_vector(b, xd, 2 * r, F32, 2))
+            for j, (wq, factor) in enumerate(zip(quants, row_factors)):
                 sums = self.integer_sums(wq, xv, lambda: load_vector(b, xb, 16 * r, I32, 16))
-                mac(b, accs[j][r], b.sitofp(sums, V16), b.fmul(dw, dx))
-                if negmins is not None:  # lanes 0 and 8: each block's sum of x once
-                    xsum = load_vector(b, xs, 2 * r, F32, 2)
-                    mac(b, accs[j][r], negmins, pick(b, xsum, ir.Constant(xsum.type, None),
-                                                     [0] + [2] * 7 + [1] + [2] * 7))
+                mac(b, accs[j][r], b.sitofp(sums, V16), factor)
+
+    def pair_run(self, array, first_pair, r):
+        """<8 x float>: row r's two values per block pair (d: the blocks' scales; sums: d times their sums of
+        q) of the four pairs from first_pair, laid out [pairs, nx, 2]."""
+        b = self.b
+        at = [b.gep(array.data, [b.add(b.mul(b.add(first_pair, i64(p)), i64(2 * self.nx)), i64(2 * r))])
+              for p in range(4)]
+        two = [load_vector(b, a, 0, F32, 2) for a in at]
+        halves = [pick(b, two[h], two[h + 1], [0, 1, 2, 3]) for h in (0, 2)]
+        return pick(b, *halves, list(range(8)))
 
     def integer_sums(self, wq, xv, start):
         """<16 x i32>: the sums of each four w * x (start() gives the VNNI path's x correction)."""
@@ -174,7 +188,7 @@ class _Int8RowsDot(_RowsDot):
 
 class _Q4KInt8(_Int8RowsDot):
     """Q4_K rows: per block of 256, four steps of two sub-blocks (one run of bytes' low and high nibbles).
-    The hooks scales, quants, sub_lanes and integer_sums are Q6_K's too (_Q6KInt8)."""
+    The hooks scales, block_factors, step_factors, quants and integer_sums are Q6_K's too (_Q6KInt8)."""
 
     def accumulate(self, ptrs, accs, k0, count, ahead):
         """accs = the rows at ptrs times x over `count` blocks from block k0."""
@@ -187,24 +201,34 @@ class _Q4KInt8(_Int8RowsDot):
             for blk in blks:  # the same block two row pairs on
                 for line in range(0, self.block.nbytes, 64):
                     prefetch(b, b.gep(blk, [b.add(ahead, i64(line))]))
-            scales = [self.scales(blk) for blk in blks]
+            scales, negmins = self.scales(blks)  # the rows' side by side
+            first_pair = b.mul(block, i64(4))
+            factors = [self.block_factors(scales, self.pair_run(self.sums, first_pair, r), len(blks))
+                       for r in range(self.nx)]
             for c in range(4):
-                sub = self.sub_lanes(c)
-                blocks = [(self.quants(blk, c), lanes(b, scf, sub), self.sub_mins(mins, sub))
-                          for blk, (scf, mins) in zip(blks, scales)]
-                self.products(blocks, accs, b.add(b.mul(block, i64(4)), i64(c)))
+                self.products([self.quants(blk, c) for blk in blks],
+                              lambda r, _: [self.step_factors(factors[r], c, j) for j in range(len(blks))],
+                              accs, b.add(first_pair, i64(c)))
+            if negmins is not None:  # less dmin * m_j times each sub-block's sum of x, once a block
+                zero = ir.Constant(negmins.type, None)
+                for r in range(self.nx):
+                    xs = pad16(b, self.pair_run(self.xsums, first_pair, r))
+                    for j in range(len(blks)):
+                        row_mins = pick(b, negmins, zero, list(range(8 * j, 8 * j + 8)) + [8 * len(blks)] * 8)
+                        mac(b, accs[j][r], row_mins, xs)
         unrolled_loop(b, count, 1, step)
 
-    def scales(self, blk):
-        return q4_k_scales(self.b, blk)
+    def scales(self, blks):
+        return q4_k_scales(self.b, blks)
 
-    def sub_mins(self, mins, sub):
-        """Lanes sub of the negated mins (None for the types without mins)."""
-        return None if mins is None else lanes(self.b, mins, sub)
+    def block_factors(self, scales, dx, rows):
+        """The weight rows' scales of each sub-block (8 lanes a row, 32 values each) times a row of x's
+        scale of those 32 values (dx, <8 x float>), for step_factors."""
+        return self.b.fmul(scales, lanes(self.b, dx, list(range(8)) * rows))
 
-    def sub_lanes(self, c):
-        """The sub-block of each of the 16 int32 lanes of step c (8 lanes, 32 values each)."""
-        return [2 * c] * 8 + [2 * c + 1] * 8
+    def step_factors(self, factors, c, j):
+        """Weight row j's factor of each of the 16 int32 lanes of step c (8 lanes, 32 values each)."""
+        return lanes(self.b, factors, [8 * j + 2 * c] * 8 + [8 * j + 2 * c + 1] * 8)
 
     def quants(self, blk, c):
         return q4_k_quants(self.b, blk, c)
@@ -220,11 +244,20 @@ class _Q6KInt8(_Q4KInt8):
     """Q6_K rows: quants stored as q + 32 (0..63) meet x as unsigned bytes, and each sum starts at -32 times
     the sum of its four x (a quarter of the VNNI correction); a scale per 16 values (4 lanes), no mins."""
 
-    def scales(self, blk):
-        return q6_k_scales(self.b, blk)
+    def scales(self, blks):
+        return q6_k_scales(self.b, blks)
 
-    def sub_lanes(self, c):
-        return [4 * c + lane // 4 for lane in range(16)]
+    def block_factors(self, scales, dx, rows):
+        """Kept apart: multiplied per step (step_factors), as a block's products for 8 rows of x would
+        not leave the registers to hold them all."""
+        return scales, dx
+
+    def step_factors(self, factors, c, j):
+        """Weight row j's scales of the 16 values of each int32 lane of step c (4 lanes each) times dx of
+        the 32 values they are in."""
+        scales, dx = factors
+        return self.b.fmul(lanes(self.b, scales, [16 * j + 4 * c + lane // 4 for lane in range(16)]),
+                           lanes(self.b, dx, [2 * c + lane // 8 for lane in range(16)]))
 
     def quants(self, blk, c):
         return q6_k_quants(self.b, blk, c)
@@ -236,26 +269,54 @@ class _Q6KInt8(_Q4KInt8):
         return self.b.add(pmadd_halves(self.b, wq, xv), offset)
 
 
-def q4_k_scales(b, blk):
-    """A Q4_K block's (d * sc_j, -dmin * m_j) for its 8 sub-blocks j, as <8 x float>."""
-    v8 = ir.VectorType(F32, 8)
-    dm = _f16x8(b, blk, 0)
-    sc, mn = _scales_mins(b, load_vector(b, blk, 4, I8, 16))
-    mins = b.fmul(b.uitofp(mn, v8), lanes(b, dm, [1] * 8))
-    return b.fmul(b.uitofp(sc, v8), lanes(b, dm, [0] * 8)), b.fsub(ir.Constant(v8, None), mins)
+def q4_k_scales(b, blks):
+    """The Q4_K blocks at blks (n of them, one per weight row): (d * sc_j, -dmin * m_j) of each one's 8
+    sub-blocks j, side by side as <8n x float>. Their packed scales are decoded together, and their f16 d and
+    dmin gathered into one conversion (f16_fields)."""
+    n = len(blks)
+    vn = ir.VectorType(F32, 8 * n)
+    packed = [load_vector(b, blk, 4, I8, 16) for blk in blks]
+    while len(packed) > 1:
+        packed = [pick(b, u, v, list(range(2 * u.type.count))) for u, v in zip(packed[::2], packed[1::2])]
+    sc, mn = _scales_mins(b, packed[0])
+    dm = f16_fields(b, [(blk, 2) for blk in blks])  # d, dmin of each block
+    mins = b.fmul(b.uitofp(mn, vn), lanes(b, dm, [2 * (i // 8) + 1 for i in range(8 * n)]))
+    return b.fmul(b.uitofp(sc, vn), lanes(b, dm, [2 * (i // 8) for i in range(8 * n)])), b.fsub(
+        ir.Constant(vn, None), mins)
+
+
+def f16_fields(b, fields):
+    """<4 x float> of the f16 values at the start of each (pointer, count) field, counts summing to 4,
+    gathered as integers into one 64-bit word and converted together (a vector insert of each, vpinsrw,
+    or a whole-vector load and conversion per field would keep the vector ports busier)."""
+    i64t = ir.IntType(64)
+    word, shift = None, 0
+    for ptr, count in fields:
+        value = b.zext(b.load(b.bitcast(ptr, ir.PointerType(ir.IntType(16 * count)))), i64t)
+        value = b.shl(value, ir.Constant(i64t, shift)) if shift else value
+        word = b.or_(word, value) if word is not None else value
+        shift += 16 * count
+    vector = b.insert_element(ir.Constant(ir.VectorType(i64t, 1), None), word, ir.Constant(I32, 0))
+    return b.fpext(b.bitcast(vector, ir.VectorType(ir.HalfType(), 4)), ir.VectorType(F32, 4))
 
 
 def q4_k_quants(b, blk, c):
     """<64 x i8> of a Q4_K block: sub-block 2c (the low nibbles of bytes 16+32c..) then 2c+1 (their high
     nibbles), 0..15."""
     v = load_vector(b, blk, 16 + 32 * c, I8, 32)
-    return pick(b, b.and_(v, bytes_of(15)), b.lshr(v, bytes_of(4)), list(range(64)))
+    return b.and_(_shifted_bytes(b, pick(b, v, v, list(range(32)) * 2), [0, 4]), bytes_of(15, 64))
 
 
-def q6_k_scales(b, blk):
-    """A Q6_K block's (<16 x float> d * scale_i for its 16 sub-blocks i, None: no mins)."""
-    d = _f16x8(b, blk, 194)  # the 8 f16 ending the block: d is the last
-    return b.fmul(b.sitofp(load_vector(b, blk, 192, I8, 16), V16), lanes(b, d, [7] * 16)), None
+def q6_k_scales(b, blks):
+    """The Q6_K blocks at blks (n, one per weight row): (d * scale_i of each one's 16 sub-blocks i, side by
+    side as <16n x float>; None: no mins)."""
+    runs = []
+    for blk in blks:
+        d = _f16x8(b, blk, 194)  # the 8 f16 ending the block: d is the last
+        runs.append(b.fmul(b.sitofp(load_vector(b, blk, 192, I8, 16), V16), lanes(b, d, [7] * 16)))
+    while len(runs) > 1:
+        runs = [pick(b, u, v, list(range(2 * u.type.count))) for u, v in zip(runs[::2], runs[1::2])]
+    return runs[0], None
 
 
 def q6_k_quants(b, blk, c):
@@ -270,6 +331,14 @@ def q6_k_quants(b, blk, c):
         low = b.and_(b.lshr(ql, bytes_of(4 * (g >> 1))), bytes_of(15))
         runs.append(b.or_(low, b.shl(b.and_(b.lshr(qh, bytes_of(2 * g)), bytes_of(3)), bytes_of(4))))
     return pick(b, *runs, list(range(64)))
+
+
+def _shifted_bytes(b, v, shifts):
+    """<64 x i8> v's bytes, each half's shifted right by its bit count in `shifts` as 16-bit lanes (one
+    variable shift; bits of the next byte come in at the top: the caller masks them off)."""
+    wide = ir.VectorType(I16, 32)
+    amounts = ir.Constant(wide, [shifts[0]] * 16 + [shifts[1]] * 16)
+    return b.bitcast(b.lshr(b.bitcast(v, wide), amounts), ir.VectorType(I8, 64))
 
 
 def vpdpbusd(builder, start, unsigned, signed):

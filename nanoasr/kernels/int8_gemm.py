@@ -44,7 +44,7 @@ def _sub_blocks(b, kind, blk):
         return [b.xor(load_vector(b, blk, 2, I8, 32), bytes_of(-128))], scale, None
     scales, quants = (q4_k_scales, q4_k_quants) if kind == "q4_k" else (q6_k_scales, q6_k_quants)
     runs = [lanes(b, quants(b, blk, c), range(32 * h, 32 * h + 32)) for c in range(4) for h in range(2)]
-    return (runs, *scales(b, blk))
+    return (runs, *scales(b, [blk]))
 
 
 def _scatter(b, v, base, stride):

@@ -30,16 +30,23 @@ def q8_0(builder, blk):
 
 
 def _scales_mins(builder, v):
-    """Q4_K's 8 6-bit scales and mins as <8 x i8>, from its 12 packed bytes (v = 16 bytes from byte 4):
-    scale/min j < 4 are the low 6 bits of bytes j / j+4; j >= 4 take bytes j+4's low / high nibble, with
-    bits 6-7 of bytes j-4 / j on top."""
-    low6 = builder.and_(v, bytes_of(63, 16))
-    top = builder.and_(builder.lshr(v, bytes_of(2, 16)), bytes_of(0x30, 16))
+    """Q4_K's 8 6-bit scales and mins as <8n x i8>, from the 12 packed bytes of each of n blocks (v: 16 bytes
+    from byte 4 of each, side by side): scale/min j < 4 are the low 6 bits of bytes j / j+4; j >= 4 take bytes
+    j+4's low / high nibble, with bits 6-7 of bytes j-4 / j on top."""
+    width = v.type.count
+    low6 = builder.and_(v, bytes_of(63, width))
+    top = builder.and_(builder.lshr(v, bytes_of(2, width)), bytes_of(0x30, width))
     zero = ir.Constant(v.type, None)
-    sc = builder.or_(pick(builder, low6, builder.and_(v, bytes_of(15, 16)), [0, 1, 2, 3, 24, 25, 26, 27]),
-                     pick(builder, zero, top, [0, 0, 0, 0, 16, 17, 18, 19]))
-    mn = builder.or_(pick(builder, low6, builder.lshr(v, bytes_of(4, 16)), [4, 5, 6, 7, 24, 25, 26, 27]),
-                     pick(builder, zero, top, [0, 0, 0, 0, 20, 21, 22, 23]))
+
+    def lanes_of(low, high):  # per block: lanes `low` of the first operand, `high` of the second
+        return [i for at in range(0, width, 16)
+                for i in [at + j for j in low] + [width + at + j for j in high]]
+
+    nibbles = [builder.and_(v, bytes_of(15, width)), builder.lshr(v, bytes_of(4, width))]
+    sc = builder.or_(pick(builder, low6, nibbles[0], lanes_of(range(4), range(8, 12))),
+                     pick(builder, zero, top, lanes_of([0] * 4, range(4))))
+    mn = builder.or_(pick(builder, low6, nibbles[1], lanes_of(range(4, 8), range(8, 12))),
+                     pick(builder, zero, top, lanes_of([0] * 4, range(4, 8))))
     return sc, mn
 
 
