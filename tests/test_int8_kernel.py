@@ -148,6 +148,38 @@ def test_quantized_rows_round_to_the_block_scale():
     assert np.all(np.abs(blocks - q * scales[..., None]) <= scales[..., None] * 0.5001)
 
 
+def test_kernel_quantization_matches_the_twin_bit_for_bit():
+    """The vector quantizer (int8_dot.quantize_block) in both layouts, the decode kernels' and the GEMM's
+    (serial and parallel), against ops.quantize_rows_xp: scales, int8 and the sums the kernels derive, on
+    blocks of every magnitude, an all-zero block, negative zeros and exact ties (ties to even)."""
+    from nanoasr.kernels.int8_dot import _quantized
+    from nanoasr.kernels.int8_gemm import _quantized_rows, _quantized_rows_parallel
+
+    rng = np.random.default_rng(5)
+    n, nb = 11, 6
+    x = rng.standard_normal((n, 32 * nb)).astype(np.float32) * np.float32(10.0) ** rng.integers(
+        -30, 30, (n, nb)).repeat(32, axis=1).astype(np.float32)
+    x[0, :32] = 0
+    x[1, 32:64] = -0.0
+    x[2, 64:96] = np.concatenate([[127.0], np.arange(-16, 15) + 0.5])  # scale 1: every other value a tie
+    want_q, want_d = ops.quantize_rows_xp(x)
+    assert np.array_equal(np.rint(x[2, 65:96]), want_q[2, 2, 1:])  # the twin rounds the ties to even
+    for quantized_rows in (_quantized_rows, _quantized_rows_parallel):
+        q, d, sums = quantized_rows(x, nb)
+        assert np.array_equal(q[:n].reshape(n, nb, 32), want_q) and np.array_equal(d[:n], want_d)
+        assert np.array_equal(sums[:n], want_q.reshape(n, 2 * nb, 16).sum(-1, dtype=np.int32))
+        assert not q[n:].any() and not d[n:].any()  # the padding rows
+    for rows in (1, 4, 8):
+        q, d, bias, block_sums = _quantized(x[:rows], nb)  # [pairs, nx, 64], [pairs, nx, 2], ...
+        got_q = q[:, :rows].reshape(nb // 2, rows, 2, 32).transpose(1, 0, 2, 3).reshape(rows, nb, 32)
+        got_d = d[:, :rows].transpose(1, 0, 2).reshape(rows, nb)
+        assert np.array_equal(got_q, want_q[:rows]) and np.array_equal(got_d, want_d[:rows])
+        fours = want_q[:rows].reshape(rows, nb // 2, 16, 4).sum(-1, dtype=np.int32).transpose(1, 0, 2)
+        assert np.array_equal(bias[:, :rows], -128 * fours)
+        totals = want_q[:rows].sum(-1, dtype=np.int64).astype(np.float32) * want_d[:rows]
+        assert np.array_equal(block_sums[:, :rows].transpose(1, 0, 2).reshape(rows, nb), totals)
+
+
 def test_host_path_follows_the_cpu_features():
     import llvmlite.binding as llvm
 

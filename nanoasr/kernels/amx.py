@@ -27,7 +27,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from nanoasr.kernels.vector_ir import F32, I8, I32, i64, lanes, load_vector, pick, store_first, store_vector
+from nanoasr.kernels.vector_ir import (F32, I8, I32, i64, lanes, load_vector, store_first, store_vector,
+                                       transposed)
 
 ROWS = 32  # rows of W per panel: two tiles of 16
 COLS = 32  # columns per tile step: 64 bytes of bf16
@@ -119,26 +120,13 @@ def _panel(typingctx, w, n0, packed, group, kb, sums, out):
                 tile = 256 * (2 * a + b)
                 lines = [load_vector(builder, sa.data, tile + 16 * i, F32, 16) for i in range(16)]
                 r0 = builder.add(builder.mul(group, i64(32)), i64(16 * b))
-                for j, line in enumerate(_transposed(builder, lines)):
+                for j, line in enumerate(transposed(builder, lines)):
                     r = builder.add(r0, i64(j))
                     with builder.if_then(builder.icmp_signed("<", r, m)):
                         at = builder.gep(oa.data, [builder.add(builder.mul(r, n), col)])
                         store_first(builder, at, line, builder.sub(n, col))
         return context.get_dummy_value()
     return types.none(w, n0, packed, group, kb, sums, out), codegen
-
-
-def _transposed(builder, lines):
-    """The 16 columns of 16 lines of 16 floats: bit b of the line and of the lane index swapped, b = 1..8."""
-    lines = list(lines)
-    for b in (1, 2, 4, 8):
-        low = [c if not c & b else 16 + c - b for c in range(16)]
-        high = [c + b if not c & b else 16 + c for c in range(16)]
-        for i in range(16):
-            if not i & b:
-                lines[i], lines[i + b] = pick(builder, lines[i], lines[i + b], low), \
-                    pick(builder, lines[i], lines[i + b], high)
-    return lines
 
 
 def _config() -> np.ndarray:
@@ -179,7 +167,7 @@ def _pack_tile(typingctx, bits, r0, c0, tile):
             pairs = builder.or_(lanes(builder, low, range(0, 32, 2)), lanes(builder, high, range(1, 32, 2)))
             lines.append(pairs)
         out = builder.bitcast(ta.data, ir.PointerType(I32))
-        for i, line in enumerate(_transposed(builder, lines)):
+        for i, line in enumerate(transposed(builder, lines)):
             store_vector(builder, out, 16 * i, line)
         return context.get_dummy_value()
     return types.none(bits, r0, c0, tile), codegen

@@ -30,7 +30,7 @@ from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.quant_blocks import _f16x8, _scales_mins
 from nanoasr.kernels.rows_dot import ROWS, _RowsDot
 from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, i64, lanes, load_vector, mac, pad16,
-                                       pick, prefetch, unrolled_loop)
+                                       pick, prefetch, splat, store_vector, unrolled_loop)
 
 PATHS = ("vnni", "avx2")
 KINDS = ("q8_0", "q4_k", "q6_k")
@@ -48,13 +48,43 @@ def host_path() -> str | None:
     return "avx2" if features.get("avx2") else None
 
 
-@njit(inline="always")
-def block_scale(x, r, k):  # row r's block k of 32 columns of x -> scale d = amax/127 and 1/d (0 for zeros)
-    amax = np.float32(0)
-    for i in range(32):
-        amax = max(amax, abs(x[r, 32 * k + i]))
-    scale = amax / np.float32(127)
-    return scale, np.float32(1) / scale if scale > 0 else np.float32(0)
+@intrinsic
+def quantize_block(typingctx, x, r, k, q, at, fours):
+    """Row r's block k of 32 columns of x (float32, columns contiguous) quantized: d = amax/127, each value
+    x/d (x times 1/d, 0 for an all-zero block) rounded to nearest, ties to even, into q.flat[at:at + 32]
+    (int8, contiguous); fours[:8] (int32) = the sums of each four of them; returns d. One vector pass: the
+    scalar loop took several cycles a value, a good part of the many-row products for short inputs."""
+    def codegen(context, builder, sig, args):
+        xa, qa, fa = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 3, 5))
+        b, (r, k, at) = builder, (args[1], args[2], args[4])
+        row_bytes = cgutils.unpack_tuple(b, xa.strides)[0]
+        row = b.gep(b.bitcast(xa.data, ir.PointerType(I8)), [b.mul(r, row_bytes)])
+        row = b.bitcast(row, ir.PointerType(F32))
+        v32 = ir.VectorType(F32, 32)
+        values = load_vector(b, b.gep(row, [b.mul(k, i64(32))]), 0, F32, 32)
+        # |x| as integers order as the floats do, and their max reduces in a tree of vector steps (a float
+        # max reduction keeps NaN's rules: a chain of scalar steps)
+        magnitudes = b.call(_fn(b, "llvm.fabs.v32f32", v32, [v32]), [values])
+        magnitudes = b.bitcast(magnitudes, ir.VectorType(I32, 32))
+        amax = b.call(_fn(b, "llvm.vector.reduce.umax.v32i32", I32, [magnitudes.type]), [magnitudes])
+        amax = b.bitcast(amax, F32)
+        scale = b.fdiv(amax, ir.Constant(F32, 127.0))
+        inverse = b.select(b.fcmp_ordered(">", scale, ir.Constant(F32, 0.0)),
+                           b.fdiv(ir.Constant(F32, 1.0), scale), ir.Constant(F32, 0.0))
+        rounded = b.call(_fn(b, "llvm.rint.v32f32", v32, [v32]), [b.fmul(values, splat(b, inverse, 32))])
+        ints = b.fptosi(rounded, ir.VectorType(I32, 32))
+        store_vector(b, b.gep(qa.data, [at]), 0, b.trunc(ints, ir.VectorType(I8, 32)))
+        sums = None
+        for i in range(4):
+            part = lanes(b, ints, list(range(i, 32, 4)))
+            sums = part if sums is None else b.add(sums, part)
+        store_vector(b, fa.data, 0, sums)
+        return scale
+    return types.float32(x, r, k, q, at, fours), codegen
+
+
+def _fn(builder, name, ret, params):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, params), name)
 
 
 @njit(cache=True)
@@ -69,20 +99,17 @@ def _quantized(x, nb):  # x float32 [n <= 8, >= 32*nb] -> q int8 [pairs, nx, 64]
     d = np.zeros((pairs, nx, 2), np.float32)
     bias = np.zeros((pairs, nx, 16), np.int32)
     sums = np.zeros((pairs, nx, 2), np.float32)
+    fours = np.empty(8, np.int32)
+    flat = q.reshape(-1)
     for r in range(x.shape[0]):
         for k in range(nb):
-            scale, inverse = block_scale(x, r, k)
             p, h = k // 2, 32 * (k % 2)
+            scale = quantize_block(x, r, k, flat, (p * nx + r) * 64 + h, fours)
             d[p, r, k % 2] = scale
             total = 0
             for g in range(8):  # fours of columns: one int32 lane of the VNNI product each
-                four = 0
-                for i in range(4 * g, 4 * g + 4):
-                    v = np.int32(np.rint(x[r, 32 * k + i] * inverse))
-                    q[p, r, h + i] = v
-                    four += v
-                bias[p, r, h // 4 + g] = -128 * four
-                total += four
+                bias[p, r, h // 4 + g] = -128 * fours[g]
+                total += fours[g]
             sums[p, r, k % 2] = scale * np.float32(total)
     return q, d, bias, sums
 

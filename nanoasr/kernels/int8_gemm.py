@@ -21,30 +21,36 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.int8_dot import (I32X16, KINDS, block_scale, q4_k_quants, q4_k_scales, q6_k_quants,
-                                      q6_k_scales)
+from nanoasr.kernels.int8_dot import (I32X16, KINDS, q4_k_quants, q4_k_scales, q6_k_quants, q6_k_scales,
+                                      quantize_block)
 from nanoasr.kernels.quant_blocks import _f16x8
-from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, bytes_of, i64, lanes, load_vector, mac, prefetch,
-                                       splat, store_first)
+from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, bytes_of, i64, lanes, load_vector, mac, pick,
+                                       prefetch, splat, store_first, store_vector, transposed)
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
 X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 16 lanes
-# Values of a row a panel is packed by at a time, all 32 rows: the chunk's packed lines (32 KB) stay in L1
-# while every row writes into them, each row is read 1024 values in a run, and the run after it is
-# prefetched (the hardware prefetcher does not follow 32 rows' streams)
+# Values of a row a panel is packed by at a time, a group of 16 rows after the other, block by block across
+# the group's rows: the chunk of each row is read in a run of 1024 values, and the run after it is prefetched
+# (the hardware prefetcher does not follow 16 rows' streams)
 CHUNK = 1024
 SCALES = {"q8_0": 1, "q4_k": 1, "q6_k": 2}  # weight scales per 32 values
 
 
-def _sub_blocks(b, kind, blk):
-    """A block of `kind` at blk as ([<32 x i8> unsigned quants of each 32 values], <n x float> its scales (one
-    per 32 / SCALES[kind] values), <m x float> its negated mins (one per 32 values) or None)."""
+def _block_scales(b, kind, blk):
+    """A block of `kind` at blk: (<n x float> its scales, one per 32 / SCALES[kind] values; <m x float> its
+    negated mins, one per 32 values, or None)."""
     if kind == "q8_0":
-        scale = lanes(b, _f16x8(b, blk, 0), [0])
-        return [b.xor(load_vector(b, blk, 2, I8, 32), bytes_of(-128))], scale, None
-    scales, quants = (q4_k_scales, q4_k_quants) if kind == "q4_k" else (q6_k_scales, q6_k_quants)
-    runs = [lanes(b, quants(b, blk, c), range(32 * h, 32 * h + 32)) for c in range(4) for h in range(2)]
-    return (runs, *scales(b, [blk]))
+        return lanes(b, _f16x8(b, blk, 0), [0]), None
+    return (q4_k_scales if kind == "q4_k" else q6_k_scales)(b, [blk])
+
+
+def _runs(b, kind, blk, c):
+    """[<32 x i8>]: the unsigned quants of step c's 32-value sub-blocks of a block of `kind` at blk (Q8_0:
+    its one, plus 128; Q4_K and Q6_K: sub-blocks 2c and 2c + 1)."""
+    if kind == "q8_0":
+        return [b.xor(load_vector(b, blk, 2, I8, 32), bytes_of(-128))]
+    quants = (q4_k_quants if kind == "q4_k" else q6_k_quants)(b, blk, c)
+    return [lanes(b, quants, range(32 * h, 32 * h + 32)) for h in range(2)]
 
 
 def _scatter(b, v, base, stride):
@@ -57,7 +63,9 @@ def _scatter(b, v, base, stride):
 def _pack_panel(typingctx, kind, data, r0, nb, packed, scales, mins):
     """packed [32nb', 2, 8, 64] uint8 = weight rows r0.. r0+31 of `kind` data with nb blocks a row (the last
     row repeated past the end) as the kernel reads them (module docstring); scales [SCALES * nb', 32] and
-    mins [nb', 32] float32 (nb' = nb * values per block / 32): their scales and negated mins, per row."""
+    mins [nb', 32] float32 (nb' = nb * values per block / 32): their scales and negated mins, per row. A group
+    of 16 rows' 32 values become its 8 lines in registers: each pair of rows i, i + 8 is one vector of 16
+    words, and the 8 vectors are transposed as two 8 x 8 blocks of words side by side."""
     if not isinstance(kind, types.StringLiteral):
         return None
     name = kind.literal_value
@@ -74,37 +82,44 @@ def _pack_panel(typingctx, kind, data, r0, nb, packed, scales, mins):
         last = b.sub(rows, i64(1))
         per_chunk = max(1, CHUNK // size)
         chunks = b.udiv(b.add(nb, i64(per_chunk - 1)), i64(per_chunk))
-        with cgutils.for_range(b, chunks) as c:
-            first_block = b.mul(c.index, i64(per_chunk))
+        with cgutils.for_range(b, chunks) as chunk:
+            first_block = b.mul(chunk.index, i64(per_chunk))
             end = b.add(first_block, i64(per_chunk))
             end = b.select(b.icmp_signed("<", end, nb), end, nb)
-            with cgutils.for_range(b, i64(PANEL)) as j:
-                r = b.add(r0, j.index)
-                r = b.select(b.icmp_signed("<", r, rows), r, last)
-                row = b.gep(base, [b.mul(r, stride)])
-                group, lane = b.udiv(j.index, i64(16)), b.urem(j.index, i64(16))
+            for group in range(2):
+                row_ptrs = []
+                for j in range(16):
+                    r = b.add(r0, i64(16 * group + j))
+                    r = b.select(b.icmp_signed("<", r, rows), r, last)
+                    row_ptrs.append(b.gep(base, [b.mul(r, stride)]))
                 with cgutils.for_range_slice(b, first_block, end, i64(1)) as (k, _):
-                    blk = b.gep(row, [b.mul(k, i64(nbytes))])
-                    prefetch(b, b.gep(blk, [i64(per_chunk * nbytes)]))  # the row's next chunk
-                    _pack_block(b, name, blk, k, j.index, group, lane, words, sa.data, ma.data)
+                    blks = [b.gep(row, [b.mul(k, i64(nbytes))]) for row in row_ptrs]
+                    for blk in blks:
+                        prefetch(b, b.gep(blk, [i64(per_chunk * nbytes)]))  # the row's next chunk
+                    _pack_group_block(b, name, blks, k, group, words, sa.data, ma.data)
         return context.get_dummy_value()
     return types.none(kind, data, r0, nb, packed, scales, mins), codegen
 
 
-def _pack_block(b, name, blk, k, j, group, lane, words, scales, mins):
-    """Block k of panel row j (at blk) into the packed lines, its scales and negated mins."""
-    size = BLOCKS[name].size
-    quants, scale, negmins = _sub_blocks(b, name, blk)
-    first_sub = b.mul(k, i64(size // 32))
-    at = b.add(b.mul(first_sub, i64(SCALES[name] * PANEL)), j)
-    _scatter(b, scale, b.gep(scales, [at]), PANEL)
-    if negmins is not None:
-        _scatter(b, negmins, b.gep(mins, [b.add(b.mul(first_sub, i64(PANEL)), j)]), PANEL)
-    for s, q in enumerate(quants):
-        first = b.add(b.mul(b.add(b.mul(b.add(first_sub, i64(s)), i64(2)), group), i64(8 * 16)), lane)
-        q = b.bitcast(q, ir.VectorType(I32, 8))
-        for g in range(8):
-            b.store(b.extract_element(q, ir.Constant(I32, g)), b.gep(words, [b.add(first, i64(16 * g))]))
+def _pack_group_block(b, name, blks, k, group, words, scales, mins):
+    """Block k of the 16 rows of a group (at blks) into the packed lines, their scales and negated mins."""
+    first_sub = b.mul(k, i64(BLOCKS[name].size // 32))
+    for j, blk in enumerate(blks):
+        scale, negmins = _block_scales(b, name, blk)
+        at = b.add(b.mul(first_sub, i64(SCALES[name] * PANEL)), i64(16 * group + j))
+        _scatter(b, scale, b.gep(scales, [at]), PANEL)
+        if negmins is not None:
+            _scatter(b, negmins, b.gep(mins, [b.add(b.mul(first_sub, i64(PANEL)), i64(16 * group + j))]),
+                     PANEL)
+    for c in range(BLOCKS[name].size // 64 or 1):
+        runs = [_runs(b, name, blk, c) for blk in blks]
+        for h in range(len(runs[0])):
+            pairs = [b.bitcast(pick(b, runs[i][h], runs[i + 8][h], list(range(64))), ir.VectorType(I32, 16))
+                     for i in range(8)]
+            sub = b.add(first_sub, i64(2 * c + h))
+            first = b.mul(b.add(b.mul(sub, i64(2)), i64(group)), i64(8 * 16))
+            for g, line in enumerate(transposed(b, pairs)):
+                store_vector(b, b.gep(words, [first]), 16 * g, line)
 
 
 def _parts(b, name, halves, k):
@@ -195,26 +210,31 @@ def _rows_times_panel(typingctx, kind, packed, scales, mins, q, d, sums, x0, out
     return types.none(kind, packed, scales, mins, q, d, sums, x0, out, col0), codegen
 
 
-@njit(parallel=True, cache=True)
-def _quantized_rows(x, nb):  # x float32 [n, >= 32nb] -> q int8 [n', 32nb], d float32 [n', nb], sums int32
-    # [n', 2nb] (each 16 values' sum of q); n' = n rounded up to X_ROWS, zeros past n
-    n = x.shape[0]
-    padded = (n + X_ROWS - 1) // X_ROWS * X_ROWS
-    q = np.zeros((padded, 32 * nb), np.int8)
-    d = np.zeros((padded, nb), np.float32)
-    sums = np.zeros((padded, 2 * nb), np.int32)
-    for r in prange(n):
-        for k in range(nb):
-            scale, inverse = block_scale(x, r, k)
-            d[r, k] = scale
-            for h in range(2):
-                total = 0
-                for i in range(32 * k + 16 * h, 32 * k + 16 * h + 16):
-                    v = np.int32(np.rint(x[r, i] * inverse))
-                    q[r, i] = v
-                    total += v
-                sums[r, 2 * k + h] = total
-    return q, d, sums
+def _rows_quantizer(parallel: bool):
+    """x float32 [n, >= 32nb] -> q int8 [n', 32nb], d float32 [n', nb], sums int32 [n', 2nb] (each 16 values'
+    sum of q); n' = n rounded up to X_ROWS, zeros past n. Rows in parallel or not."""
+    def quantized_rows(x, nb):
+        n = x.shape[0]
+        padded = (n + X_ROWS - 1) // X_ROWS * X_ROWS
+        q = np.zeros((padded, 32 * nb), np.int8)
+        d = np.zeros((padded, nb), np.float32)
+        sums = np.zeros((padded, 2 * nb), np.int32)
+        flat = q.reshape(-1)
+        for r in prange(n):
+            fours = np.empty(8, np.int32)
+            for k in range(nb):
+                d[r, k] = quantize_block(x, r, k, flat, r * 32 * nb + 32 * k, fours)
+                for h in range(2):
+                    sums[r, 2 * k + h] = fours[4 * h:4 * h + 4].sum()
+        return q, d, sums
+    name = "quantized_rows_parallel" if parallel else "quantized_rows"
+    quantized_rows.__name__ = quantized_rows.__qualname__ = name
+    return njit(parallel=parallel, cache=True)(quantized_rows)
+
+
+# quantize_block takes some 30 cycles a block: below this many a parallel region costs more than it saves
+PARALLEL_BLOCKS = 4096
+_quantized_rows, _quantized_rows_parallel = _rows_quantizer(False), _rows_quantizer(True)
 
 
 def _driver(kind: str):
@@ -224,7 +244,10 @@ def _driver(kind: str):
     scales_per = SCALES[kind]
 
     def gemm(x, data, nb, out):
-        q, d, sums = _quantized_rows(x, nb * per)
+        if x.shape[0] * nb * per >= PARALLEL_BLOCKS:
+            q, d, sums = _quantized_rows_parallel(x, nb * per)
+        else:
+            q, d, sums = _quantized_rows(x, nb * per)
         panels = (data.shape[0] + PANEL - 1) // PANEL
         for t in prange(panels):
             packed = np.empty((nb * per, 2, 8, 64), np.uint8)

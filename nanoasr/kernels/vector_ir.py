@@ -115,3 +115,18 @@ def lane_sums(builder, vs):
         v = builder.fadd(lanes(builder, v, lo), lanes(builder, v, [i + half for i in lo]))
         seg, width = half, width // 2
     return v
+
+
+def transposed(builder, lines):
+    """n lines of 16 lanes (n = 2, 4, 8 or 16), each group of n lanes transposed with the lines: bit b of the
+    line and of the lane index swapped for each b < n (16 lines: the 16 columns; 8 lines: two 8 x 8 blocks
+    side by side)."""
+    lines, bits = list(lines), [1 << t for t in range(len(lines).bit_length() - 1)]
+    for b in bits:
+        low = [c if not c & b else 16 + c - b for c in range(16)]
+        high = [c + b if not c & b else 16 + c for c in range(16)]
+        for i in range(len(lines)):
+            if not i & b:
+                lines[i], lines[i + b] = pick(builder, lines[i], lines[i + b], low), \
+                    pick(builder, lines[i], lines[i + b], high)
+    return lines
