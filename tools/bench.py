@@ -11,8 +11,9 @@ OPENBLAS_L2_SIZE unset: users' machines do not set them, and they halve numpy's 
 configurations run in interleaved rounds (A B C, A B C, ...) so that a machine shared with other work slows
 them alike; every figure is the median over the rounds, with its minimum and maximum. The report names the
 CPU and the features nanoasr chooses its kernels by, llama.cpp's own system information when
-llama-cpp-python is installed, and the machine's read bandwidth (a streaming sum over a buffer far larger
-than the caches, on as many threads as the runs use), against which F16/BF16 decode steps are reported.
+llama-cpp-python is installed, and the machine's read bandwidth (a streaming sum over a buffer of 1 GiB or
+four times the last-level cache, on as many threads as the runs use), against which F16/BF16 decode steps
+are reported.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tools.measure import environ_without_blas_vars, median_ms  # noqa: E402
+from tools.measure import environ_without_blas_vars, last_level_cache_bytes, median_ms  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -321,14 +322,14 @@ def llama_system_info(python: str) -> str:
     return done.stdout.strip()
 
 
-def read_bandwidth(threads: int, mib: int = 1024, repeats: int = 7) -> dict:
-    """GB/s of a streaming read: numpy sums over a float32 buffer of `mib` MiB (far above any cache),
-    split into one slice per thread (numpy lets go of the GIL in a sum)."""
+def read_bandwidth(threads: int, mib: int | None = None, repeats: int = 7) -> dict:
+    """GB/s of a streaming read: numpy sums over a float32 buffer of `mib` MiB (bandwidth_buffer_mib() if
+    None), split into one slice per thread (numpy lets go of the GIL in a sum)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
 
-    buf = np.ones(mib * 2**20 // 4, np.float32)
+    buf = np.ones((mib or bandwidth_buffer_mib()) * 2**20 // 4, np.float32)
     slices = np.array_split(buf, threads)
     with ThreadPoolExecutor(threads) as pool:
         def once():
@@ -340,6 +341,11 @@ def read_bandwidth(threads: int, mib: int = 1024, repeats: int = 7) -> dict:
             once()
             rates.append(buf.nbytes / (time.perf_counter() - start) / 1e9)
     return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+
+
+def bandwidth_buffer_mib() -> int:
+    """1 GiB, or four times the last-level cache where that is larger."""
+    return max(1024, 4 * last_level_cache_bytes() >> 20)
 
 
 def summarize(samples: list[dict]) -> dict:
@@ -409,7 +415,7 @@ def report(results: dict, args) -> str:
              "interleaved rounds: each figure is the median, with the minimum and maximum in brackets).", "",
              f"- CPU: {m['cpu']} ({m['cpus']} logical CPUs), target `{m['cpu_target']}`, "
              f"features: {m['cpu_features']}",
-             f"- Read bandwidth ({args.threads} threads, streaming sum over 1 GiB): "
+             f"- Read bandwidth ({args.threads} threads, streaming sum over {bandwidth_buffer_mib()} MiB): "
              f"{_fmt(bandwidth['median'])} GB/s ({_fmt(bandwidth['min'])}-{_fmt(bandwidth['max'])})",
              f"- BLAS: {'; '.join(m['blas'])}; Python {m['python']}",
              f"- llama.cpp system info: {m['llama_system_info']}", ""]
@@ -534,7 +540,7 @@ def main() -> int:
         for name, run in configurations(args):
             rounds[name].append(run())
     results["runs"] = {name: summarize(samples) for name, samples in rounds.items()}
-    # last: a child inherits its parent's peak RSS through fork and exec, so the 1 GiB buffer must come after
+    # last: a child inherits its parent's peak RSS through fork and exec, so the large buffer must come after
     results["read_bandwidth_gbs"] = read_bandwidth(args.threads)
     text = json.dumps(results, indent=2)
     print(text)

@@ -22,7 +22,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from tools.measure import rerun_without_blas_vars  # noqa: E402
+from tools.measure import last_level_cache_bytes, rerun_without_blas_vars  # noqa: E402
 
 rerun_without_blas_vars()
 
@@ -51,18 +51,7 @@ DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_k", "q6_k")
 F16_FIELDS = {"q8_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}
 
 
-def last_level_cache_bytes() -> int:
-    """The size of cpu0's last-level cache from sysfs (0 where it does not say)."""
-    try:
-        caches = sorted(pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"))
-        size = caches[-1].read_text().strip()
-        return int(size[:-1]) << {"K": 10, "M": 20, "G": 30}[size[-1]]
-    except (IndexError, KeyError, OSError, ValueError):
-        return 0
-
-
-# bytes of copies each timing streams through: twice the last-level cache (some machines of this kind report
-# an L3 of 480 MiB, shared with other tenants), at least 192 MiB
+# bytes of copies each timing streams through: twice the last-level cache, at least 192 MiB
 COLD_BYTES = max(192 << 20, 2 * last_level_cache_bytes())
 
 
