@@ -29,8 +29,9 @@ from numba.extending import intrinsic
 from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.quant_blocks import _f16x8, _scales_mins
 from nanoasr.kernels.rows_dot import ROWS, _RowsDot
-from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, i64, lanes, load_vector, mac, pad16,
-                                       pick, prefetch, splat, store_vector, unrolled_loop)
+from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
+                                       load_vector, mac, pad16, pick, prefetch, splat, store_vector,
+                                       unrolled_loop)
 
 PATHS = ("vnni", "avx2")
 KINDS = ("q8_0", "q4_k", "q6_k")
@@ -52,8 +53,8 @@ def host_path() -> str | None:
 def quantize_block(typingctx, x, r, k, q, at, fours):
     """Row r's block k of 32 columns of x (float32, columns contiguous) quantized: d = amax/127, each value
     x/d (x times 1/d, 0 for an all-zero block) rounded to nearest, ties to even, into q.flat[at:at + 32]
-    (int8, contiguous); fours[:8] (int32) = the sums of each four of them; returns d. One vector pass: the
-    scalar loop took several cycles a value, a good part of the many-row products for short inputs."""
+    (int8, contiguous); fours[:8] (int32) = the sums of each four of them; returns d. One vector pass per
+    block, where a scalar loop per value was a good part of the many-row products for short inputs."""
     def codegen(context, builder, sig, args):
         xa, qa, fa = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 3, 5))
         b, (r, k, at) = builder, (args[1], args[2], args[4])
@@ -153,7 +154,7 @@ class _Int8RowsDot(_RowsDot):
             for pair_blks in blks:
                 for line in (0, 64):  # 68 bytes a step: the lines of the same step two row pairs on
                     prefetch(b, b.gep(pair_blks[0], [b.add(ahead, i64(line))]))
-            quants = [pick(b, *(load_vector(b, k, 2, I8, 32) for k in pair_blks), list(range(64)))
+            quants = [concatenated(b, [load_vector(b, k, 2, I8, 32) for k in pair_blks])
                       for pair_blks in blks]
             scales = self.block_scales(sum(blks, []))
             self.products(quants, lambda r, dx: self.scaled(scales, dx()), accs, at)
@@ -193,9 +194,7 @@ class _Int8RowsDot(_RowsDot):
         b = self.b
         at = [b.gep(array.data, [b.add(b.mul(b.add(first_pair, i64(p)), i64(2 * self.nx)), i64(2 * r))])
               for p in range(4)]
-        two = [load_vector(b, a, 0, F32, 2) for a in at]
-        halves = [pick(b, two[h], two[h + 1], [0, 1, 2, 3]) for h in (0, 2)]
-        return pick(b, *halves, list(range(8)))
+        return concatenated(b, [load_vector(b, a, 0, F32, 2) for a in at])
 
     def integer_sums(self, wq, xv, start):
         """<16 x i32>: the sums of each four w * x (start() gives the VNNI path's x correction)."""
@@ -302,10 +301,7 @@ def q4_k_scales(b, blks):
     dmin gathered into one conversion (f16_fields)."""
     n = len(blks)
     vn = ir.VectorType(F32, 8 * n)
-    packed = [load_vector(b, blk, 4, I8, 16) for blk in blks]
-    while len(packed) > 1:
-        packed = [pick(b, u, v, list(range(2 * u.type.count))) for u, v in zip(packed[::2], packed[1::2])]
-    sc, mn = _scales_mins(b, packed[0])
+    sc, mn = _scales_mins(b, concatenated(b, [load_vector(b, blk, 4, I8, 16) for blk in blks]))
     dm = f16_fields(b, [(blk, 2) for blk in blks])  # d, dmin of each block
     mins = b.fmul(b.uitofp(mn, vn), lanes(b, dm, [2 * (i // 8) + 1 for i in range(8 * n)]))
     return b.fmul(b.uitofp(sc, vn), lanes(b, dm, [2 * (i // 8) for i in range(8 * n)])), b.fsub(
@@ -341,9 +337,7 @@ def q6_k_scales(b, blks):
     for blk in blks:
         d = _f16x8(b, blk, 194)  # the 8 f16 ending the block: d is the last
         runs.append(b.fmul(b.sitofp(load_vector(b, blk, 192, I8, 16), V16), lanes(b, d, [7] * 16)))
-    while len(runs) > 1:
-        runs = [pick(b, u, v, list(range(2 * u.type.count))) for u, v in zip(runs[::2], runs[1::2])]
-    return runs[0], None
+    return concatenated(b, runs), None
 
 
 def q6_k_quants(b, blk, c):
@@ -357,7 +351,7 @@ def q6_k_quants(b, blk, c):
         ql = load_vector(b, blk, 64 * h + 32 * (g & 1), I8, 32)
         low = b.and_(b.lshr(ql, bytes_of(4 * (g >> 1))), bytes_of(15))
         runs.append(b.or_(low, b.shl(b.and_(b.lshr(qh, bytes_of(2 * g)), bytes_of(3)), bytes_of(4))))
-    return pick(b, *runs, list(range(64)))
+    return concatenated(b, runs)
 
 
 def _shifted_bytes(b, v, shifts):
@@ -387,7 +381,7 @@ def pmadd_halves(builder, unsigned, signed):
     for h in range(2):
         u, s = (lanes(builder, v, range(32 * h, 32 * h + 32)) for v in (unsigned, signed))
         halves.append(builder.call(widen, [builder.call(madd, [u, s]), ir.Constant(v16, [1] * 16)]))
-    return pick(builder, *halves, list(range(16)))
+    return concatenated(builder, halves)
 
 
 def _driver(kind: str, path: str):

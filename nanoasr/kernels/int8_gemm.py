@@ -24,8 +24,8 @@ from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.int8_dot import (I32X16, KINDS, q4_k_quants, q4_k_scales, q6_k_quants, q6_k_scales,
                                       quantize_block)
 from nanoasr.kernels.quant_blocks import _f16x8
-from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, bytes_of, i64, lanes, load_vector, mac, pick,
-                                       prefetch, splat, store_first, store_vector, transposed)
+from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, bytes_of, concatenated, i64, lanes, load_vector,
+                                       mac, prefetch, splat, store_first, store_vector, transposed)
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
 X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 16 lanes
@@ -114,7 +114,7 @@ def _pack_group_block(b, name, blks, k, group, words, scales, mins):
     for c in range(BLOCKS[name].size // 64 or 1):
         runs = [_runs(b, name, blk, c) for blk in blks]
         for h in range(len(runs[0])):
-            pairs = [b.bitcast(pick(b, runs[i][h], runs[i + 8][h], list(range(64))), ir.VectorType(I32, 16))
+            pairs = [b.bitcast(concatenated(b, [runs[i][h], runs[i + 8][h]]), ir.VectorType(I32, 16))
                      for i in range(8)]
             sub = b.add(first_sub, i64(2 * c + h))
             first = b.mul(b.add(b.mul(sub, i64(2)), i64(group)), i64(8 * 16))
@@ -232,7 +232,8 @@ def _rows_quantizer(parallel: bool):
     return njit(parallel=parallel, cache=True)(quantized_rows)
 
 
-# quantize_block takes some 30 cycles a block: below this many a parallel region costs more than it saves
+# below this many blocks (a short clip's rows) starting a parallel region costs more than the quantizing it
+# would split
 PARALLEL_BLOCKS = 4096
 _quantized_rows, _quantized_rows_parallel = _rows_quantizer(False), _rows_quantizer(True)
 

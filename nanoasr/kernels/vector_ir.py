@@ -60,6 +60,15 @@ def pick(builder, a, b, idx):
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, len(idx)), idx))
 
 
+def concatenated(builder, vectors):
+    """The vectors (one type, a power of two of them) side by side, in order, as one vector."""
+    vectors = list(vectors)
+    while len(vectors) > 1:
+        vectors = [pick(builder, u, v, list(range(2 * u.type.count)))
+                   for u, v in zip(vectors[::2], vectors[1::2])]
+    return vectors[0]
+
+
 def bytes_of(value, n=32):
     """<n x i8> constant: `value` in every lane, or a list of lanes."""
     return ir.Constant(ir.VectorType(I8, n), value if isinstance(value, list) else [value] * n)
