@@ -247,10 +247,12 @@ def new_position_xp(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values,
     return q * xp.float32(scale)
 
 
-def decode_layer(x, matrices, norms, eps, cos, sin, scale, keys, values, positions):  # x [B, H] -> [B, H]
-    # or None: a decode step's decoder layer in one call, where the device has one (the CPU, for products over
-    # whole blocks and a float32 cache: nanoasr.kernels.decode_layer); None, and the decoder runs it op by op
-    return kernels_for(x).decode_layer(x, matrices, norms, eps, cos, sin, scale, keys, values, positions)
+def compiled_layer(matrices, norms):  # a decoder layer's stored matrices and norm weights -> a function of
+    # (x [B, H], eps, cos, sin, scale, keys, values, positions) -> [B, H] or None, or None: a decode step's
+    # layer in one call where the device has one (the CPU, for products over whole blocks and a float32 cache,
+    # up to 8 rows: nanoasr.kernels.decode_layer); the weights are checked here, once per decoding session.
+    # None, and the decoder runs the layer op by op
+    return kernels_for(norms[0]).compiled_layer(matrices, norms)
 
 
 def decode_attention(q, keys, values, lengths):  # q [B, kvh, g, hd] (scaled), keys/values [B, kvh, >= m, hd]

@@ -66,8 +66,8 @@ def steps(w, rows, prompt_lengths, count=4, whole=True, seed=1):
     for r, n in enumerate(prompt_lengths):  # each row's prompt through the op-by-op prefill
         x = rng.standard_normal((1, n, CFG.hidden_size)).astype(np.float32)
         decoder.forward(x, w, CFG, cache, slice(r, r + 1), [0], inv_freq)
-    original = cpu_backend.KERNELS.decode_layer
-    cpu_backend.KERNELS.decode_layer = original if whole else (lambda *layer: None)
+    original = cpu_backend.KERNELS.compiled_layer
+    cpu_backend.KERNELS.compiled_layer = original if whole else (lambda *layer: None)
     try:
         out = []
         for _ in range(count):
@@ -76,7 +76,7 @@ def steps(w, rows, prompt_lengths, count=4, whole=True, seed=1):
             out.append(decoder.forward(x, w, CFG, cache, slice(0, rows), start, inv_freq))
         return np.stack(out)
     finally:
-        cpu_backend.KERNELS.decode_layer = original
+        cpu_backend.KERNELS.compiled_layer = original
 
 
 @pytest.mark.parametrize("mix", MIXES)
@@ -109,9 +109,7 @@ def test_a_matrix_with_a_partial_block_keeps_its_layer_op_by_op():
     matrices = [w[f"{decoder.P}layers.0.{name}.weight"] for name in decoder.MATRICES]
     ragged = np.zeros((256, 500), np.uint16)
     matrices[6] = StoredTensor(ragged, "bf16", ragged.shape, "bf16")
-    cache = np.zeros((1, 2, 8, 64), np.float32)
-    x = np.zeros((1, 256), np.float32)
-    assert cpu_backend.decode_layer(x, matrices, [], 1e-6, None, None, 1.0, cache, cache, [0]) is None
+    assert cpu_backend.compiled_layer(matrices, []) is None
 
 
 def test_stored_data_that_does_not_fit_its_shape_is_refused():
@@ -121,3 +119,28 @@ def test_stored_data_that_does_not_fit_its_shape_is_refused():
     w[name] = StoredTensor(t.data[:, :-34], t.dtype, t.shape, t.activations)  # a block short in every row
     with pytest.raises(ValueError, match="q8_0 data of a \\[512, 256\\] tensor must be"):
         steps(w, 1, [4], count=1)
+
+
+def test_a_session_checks_and_compiles_its_layers_once(monkeypatch):
+    """The stored matrices are checked when a session's first step makes its compiled layers, not at every
+    step; the session's steps give the bits of forward calls that make them afresh."""
+    w = layer_weights(*MIXES["q4_k_m int8"])
+    w[decoder.EMBED] = np.random.default_rng(2).standard_normal((CFG.vocab_size, CFG.hidden_size), np.float32)
+    made, original = [], cpu_backend.KERNELS.compiled_layer
+    monkeypatch.setattr(cpu_backend.KERNELS, "compiled_layer",
+                        lambda *layer: made.append(1) or original(*layer))
+    session = decoder.Session(w, CFG, rows=1)
+    session.prefill(np.ones((5, CFG.hidden_size), np.float32), room=4)
+    assert made == []
+    logits = [session.step([token]) for token in (7, 11, 13)]
+    assert len(made) == CFG.num_hidden_layers
+
+    cache = decoder.KVCache(CFG, 1, 9)
+    inv_freq = rope_inv_freq(CFG.head_dim, CFG.rope_theta)
+    decoder.forward(np.ones((1, 5, CFG.hidden_size), np.float32), w, CFG, cache, slice(0, 1), [0], inv_freq)
+    for token, expected in zip((7, 11, 13), logits):
+        start = cache.lengths[:1].copy()
+        x = w[decoder.EMBED][[token]][:, None]
+        hidden = decoder.forward(x, w, CFG, cache, slice(0, 1), start, inv_freq)
+        np.testing.assert_array_equal(decoder.logits(hidden, w), expected)
+    assert len(made) == 4 * CFG.num_hidden_layers

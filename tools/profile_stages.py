@@ -7,7 +7,7 @@ MODEL is a checkpoint directory or .gguf. First the milliseconds per stage that 
 Transcript.timings, for 30 s of speech-like audio. Then each stage runs once to compile and warm up, then once
 under cProfile; the table lists the functions with the most time of their own (BLAS calls count in the
 Python function that makes them). A decode step's time is split from its profile into the layers run as one
-compiled call each (nanoasr.ops.decode_layer: their products and attention inside), the weight products
+compiled call each (nanoasr.kernels.decode_layer: their products and attention inside), the weight products
 made op by op (nanoasr.ops.linear: the LM head, and the layers where no compiled call applies), attention
 made op by op (nanoasr.ops.decode_attention) and the rest. Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
 unset, as tools/bench.py does.
@@ -30,6 +30,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+import nanoasr.kernels.decode_layer  # noqa: E402
 import nanoasr.ops  # noqa: E402
 from nanoasr.api import Model  # noqa: E402
 from nanoasr.backend import ACTIVATIONS  # noqa: E402
@@ -49,10 +50,11 @@ def profiled(name: str, fn, top: int) -> pstats.Stats:
     return stats
 
 
-def seconds_in(stats: pstats.Stats, function: str) -> float:
-    """Time inside nanoasr.ops.<function>, its callees included, in a profile (0 where it was not called)."""
+def seconds_in(stats: pstats.Stats, function: str, module=nanoasr.ops) -> float:
+    """Time inside module.<function> (nanoasr.ops by default), its callees included, in a profile (0 where it
+    was not called)."""
     for (path, _, name), (_, _, _, cumulative, _) in stats.stats.items():
-        if path == nanoasr.ops.__file__ and name == function:
+        if path == module.__file__ and name == function:
             return cumulative
     return 0.0
 
@@ -100,11 +102,11 @@ def profile_decoder(model, prompt, steps: int, top: int) -> None:  # prompt [196
     stats = profiled(f"{steps} decode steps from 196 positions on", lambda: [step() for _ in range(steps)],
                      top)
     step_ms = warm_median_ms(step)
-    layers, products, attention = (seconds_in(stats, f) * 1e3 / steps
-                                   for f in ("decode_layer", "linear", "decode_attention"))
-    print(f"\ndecode step: {step_ms:.1f} ms; in the profile, per step: compiled layers (ops.decode_layer) "
-          f"{layers:.1f} ms, weight products op by op (ops.linear) {products:.1f} ms, attention op by op "
-          f"(ops.decode_attention) {attention:.1f} ms; the rest about "
+    layers = seconds_in(stats, "decode_layer", nanoasr.kernels.decode_layer) * 1e3 / steps
+    products, attention = (seconds_in(stats, f) * 1e3 / steps for f in ("linear", "decode_attention"))
+    print(f"\ndecode step: {step_ms:.1f} ms; in the profile, per step: compiled layers "
+          f"(kernels.decode_layer) {layers:.1f} ms, weight products op by op (ops.linear) {products:.1f} ms, "
+          f"attention op by op (ops.decode_attention) {attention:.1f} ms; the rest about "
           f"{step_ms - layers - products - attention:.1f} ms")
 
 

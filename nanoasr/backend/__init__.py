@@ -46,7 +46,7 @@ class Kernels:
     fsmn: Callable
     new_position: Callable
     decode_attention: Callable
-    decode_layer: Callable  # a decode step's whole layer in one call, or None where the device has none
+    compiled_layer: Callable  # a decode step's whole layer as one call, or None where the device has none
     mask_inplace: Callable
     stored_matmul: Callable
     take_rows: Callable

@@ -84,21 +84,27 @@ def decode_attention(q, keys, values, lengths):  # the kernel checks lengths aga
     return ops.decode_attention_xp(q, keys, values, lengths)
 
 
-def decode_layer(x, matrices, norms, eps, cos, sin, scale, keys, values, positions):
-    """A decode step's layer in one compiled call (kernels/decode_layer.py) where each product runs a decode
-    kernel (float32 rows, rounded to bf16 or int8 ones as the weights are marked) and the cache is float32;
-    None otherwise (columns past the last whole block): the decoder then runs it op by op."""
-    if len(x) > FUSED_ROWS or x.dtype != np.float32 or keys.dtype != np.float32:
-        return None
+def compiled_layer(matrices, norms):
+    """A decode step's layer as one compiled call (kernels/decode_layer.py) where each product runs a decode
+    kernel (float32 rows, rounded to bf16 or int8 ones as the weights are marked): a function of (x, eps, cos,
+    sin, scale, keys, values, positions) for up to FUSED_ROWS float32 rows and a float32 cache (None for
+    others). The stored matrices are checked once here, since the kernels read them unchecked; None where a
+    matrix has columns past its last whole block (the decoder then runs the layer op by op)."""
     products, data = [], []
     for w in matrices:
         rows = (host_path() or "exact") if w.activations == "int8" else w.activations  # stored_matmul's rows
         if w.shape[1] % BLOCKS[w.dtype].size:
             return None
         products.append((w.dtype, rows))
-        data.append(cpu.stored_data(w.data, w.dtype, *w.shape))  # checked: the kernels read it unchecked
-    return layer_kernel.decode_layer(x, tuple(products), data, norms, eps, cos, sin, scale, keys, values,
-                                     positions)
+        data.append(cpu.stored_data(w.data, w.dtype, *w.shape))
+    products = tuple(products)
+
+    def layer(x, eps, cos, sin, scale, keys, values, positions):
+        if len(x) > FUSED_ROWS or x.dtype != np.float32 or keys.dtype != np.float32:
+            return None
+        return layer_kernel.decode_layer(x, products, data, norms, eps, cos, sin, scale, keys, values,
+                                         positions)
+    return layer
 
 
 def mask_inplace(scores, keep):  # nothing to mask (an unpadded batch) is seen on the host at no cost
@@ -152,7 +158,7 @@ def products(a, b, activations):  # a [..., m, K] @ b[..., n, K].T; bf16 rows on
 KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
                   softmax_inplace=softmax_inplace, swiglu=swiglu, apply_rope=apply_rope, fsmn=fsmn,
                   new_position=new_position,
-                  decode_attention=decode_attention, decode_layer=decode_layer, mask_inplace=mask_inplace,
+                  decode_attention=decode_attention, compiled_layer=compiled_layer, mask_inplace=mask_inplace,
                   stored_matmul=stored_matmul, take_rows=take_rows, products=products)
 
 

@@ -7,8 +7,8 @@ prompt padded on the right to the longest (a causal query never sees the padding
 results are its own); batched decode is n = 1 for the active rows, each at its own position. `Session` keeps
 the cache rows and their positions for that loop: prefill prompts into free rows (one pass over the weights
 for all of them), step every active row, retire a finished row. Where the backend has one, a decode step's
-layer runs as one compiled call (ops.decode_layer: on the CPU) computing what the op-by-op layer below
-computes, bit for bit.
+layer runs as one compiled call (ops.compiled_layer: on the CPU, made once per Session) computing what the
+op-by-op layer below computes, bit for bit.
 """
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import numpy as np
 
 from nanoasr.backend import array_module
 from nanoasr.model.config import TextConfig
-from nanoasr.ops import (apply_rope, decode_attention, decode_layer, linear, mask_inplace, new_position,
+from nanoasr.ops import (apply_rope, compiled_layer, decode_attention, linear, mask_inplace, new_position,
                          products, rms_norm, rope_inv_freq, rope_tables, softmax_inplace, swiglu, take_rows)
 from nanoasr.tensor import StoredTensor
 
 P = "model.language_model."
 EMBED = P + "embed_tokens.weight"
-# A layer's matrices and norms in the order ops.decode_layer takes them
+# A layer's matrices and norms in the order ops.compiled_layer takes them
 MATRICES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
             "mlp.up_proj", "mlp.down_proj")
 NORMS = ("input_layernorm", "self_attn.q_norm", "self_attn.k_norm", "post_attention_layernorm")
@@ -128,15 +128,22 @@ def _attend_block(q, keys, values, keep, activations):  # q [B, h, g, c, hd], ke
     return attended.reshape(b, h, g, c, hd).transpose(0, 3, 1, 2, 4)
 
 
-def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, rope, positions):  # [B, n, H]
+def compiled_layers(w, cfg: TextConfig) -> list:
+    """Each layer's compiled decode call (ops.compiled_layer), or None where the device has none."""
+    def weights(i, names):
+        return [w[f"{P}layers.{i}.{name}.weight"] for name in names]
+    return [compiled_layer(weights(i, MATRICES), weights(i, NORMS)) for i in range(cfg.num_hidden_layers)]
+
+
+def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, rope, positions,
+                  compiled=None):  # [B, n, H]; compiled: the layer's compiled decode call, or None
     p = f"{P}layers.{i}."
     b, n, _ = x.shape
     kvh, hd = cfg.num_key_value_heads, cfg.head_dim
     group = cfg.num_attention_heads // kvh
-    if n == 1:  # decode: the whole layer in one call where the device has that (ops.decode_layer)
-        whole = decode_layer(x[:, 0], [w[f"{p}{name}.weight"] for name in MATRICES],
-                             [w[f"{p}{name}.weight"] for name in NORMS], cfg.rms_norm_eps, rope[0][:, 0],
-                             rope[1][:, 0], hd ** -0.5, cache.k[i, rows], cache.v[i, rows], positions[:, 0])
+    if n == 1 and compiled is not None:  # decode: the whole layer in one call
+        whole = compiled(x[:, 0], cfg.rms_norm_eps, rope[0][:, 0], rope[1][:, 0], hd ** -0.5,
+                         cache.k[i, rows], cache.v[i, rows], positions[:, 0])
         if whole is not None:
             return whole[:, None]
     h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
@@ -162,10 +169,11 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
     return x + linear(gated, w[p + "mlp.down_proj.weight"])
 
 
-def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start, inv_freq, counts=None):
+def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start, inv_freq, counts=None, compiled=None):
     """[B, n, H] -> [B, H]: run new positions through the decoder, filling the cache; returns each row's
     final-normed last position. `inv_freq` [head_dim/2]: the rotary frequencies (ops.rope_inv_freq), on x's
-    device. `counts` [B] (host): the positions of each row that are real, the rest padding (all n if None)."""
+    device. `counts` [B] (host): the positions of each row that are real, the rest padding (all n if None).
+    `compiled`: compiled_layers(w, cfg) for a decode step (made here when None)."""
     xp = array_module(x)
     b, n, _ = x.shape
     counts = np.full(b, n, np.int64) if counts is None else np.asarray(counts, dtype=np.int64)
@@ -174,8 +182,10 @@ def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start, inv_freq,
     on_device = xp.asarray(positions)  # the one copy of the positions to x's device
     cos, sin = rope_tables(on_device.reshape(-1), inv_freq)
     rope = (cos.reshape(b, n, -1), sin.reshape(b, n, -1))
+    if n == 1 and compiled is None:
+        compiled = compiled_layers(w, cfg)
     for i in range(cfg.num_hidden_layers):
-        x = decoder_layer(x, w, i, cfg, cache, rows, start, rope, on_device)
+        x = decoder_layer(x, w, i, cfg, cache, rows, start, rope, on_device, compiled and compiled[i])
     cache.lengths[rows] = start + counts
     last = x[:, -1]
     if (counts < n).any():  # prompts padded to the longest: each row's last real position
@@ -200,6 +210,7 @@ class Session:
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, bf16_rope)  # moved to the cache's device
         self.cache: KVCache | None = None  # made by the first prefill, on the device of its embeddings
         self.active = 0
+        self.compiled: list | None = None  # compiled_layers, made by the first step
 
     def prefill(self, embeds, room: int = 0):  # [L, H] -> logits [1, vocab] of its last position
         """Run a prompt into the next free row, keeping `room` positions free after it for its tokens."""
@@ -239,7 +250,9 @@ class Session:
         x = embed(ids, self.w)[:, None, :]  # [active, 1, H]
         rows = slice(0, self.active)
         start = self.cache.lengths[rows].copy()
-        hidden = forward(x, self.w, self.cfg, self.cache, rows, start, self.inv_freq)
+        if self.compiled is None:
+            self.compiled = compiled_layers(self.w, self.cfg)
+        hidden = forward(x, self.w, self.cfg, self.cache, rows, start, self.inv_freq, compiled=self.compiled)
         return logits(hidden, self.w)
 
     def retire(self, row: int) -> None:
