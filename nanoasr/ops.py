@@ -165,6 +165,18 @@ def softmax_inplace_xp(x, scale=1.0, keep=None):  # the kernel's array-module tw
     return x
 
 
+def greedy_choice(logits):  # [B, vocab] float32 -> (ids [B]: each row's argmax, first of ties; the
+    # log-probability of each choice under the row's softmax [B]), on logits' device
+    return kernels_for(logits).greedy_choice(logits)
+
+
+def greedy_choice_xp(logits):  # the array-module twin of the kernel
+    xp = array_module(logits)
+    ids = xp.argmax(logits, axis=-1)
+    top = xp.take_along_axis(logits, ids[:, None], axis=-1)
+    return ids, -xp.log(xp.exp(logits - top).sum(axis=-1))
+
+
 def mask_inplace(scores, keep):  # scores [..., n, m], keep bool broadcastable to it: dropped -> -inf
     return kernels_for(scores).mask_inplace(scores, keep)
 

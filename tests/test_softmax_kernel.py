@@ -4,7 +4,7 @@ import pytest
 from numba import njit
 
 from nanoasr.kernels import softmax as kernels
-from nanoasr.ops import softmax_inplace_xp
+from nanoasr.ops import greedy_choice_xp, softmax_inplace_xp
 
 
 def _exp_each(fastmath):
@@ -136,3 +136,36 @@ def test_hostile_rows_through_the_masked_kernel_match_the_twin():
 def test_softmax_names_a_mask_of_the_wrong_shape():
     with pytest.raises(ValueError, match=r"keep \[B, m\]"):
         kernels.softmax_inplace(np.zeros((2, 3, 4), np.float32), 1.0, np.ones((2, 3), bool))
+
+
+def test_greedy_choice_matches_float64_and_the_twin_over_a_vocabulary_row():
+    """Each row's argmax (the first of ties) and the log-probability of that choice, against float64 and the
+    numpy twin; suppressed columns (-inf) count for nothing."""
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((3, 151936)) * 4).astype(np.float32)
+    x[1, [17, 90000]] = x[1].max() + 1  # a tie: the first is chosen
+    x[2, ::3] = -np.inf
+    x64 = x.astype(np.float64)
+    ref = x64.max(-1) - (np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1)) + x64.max(-1))
+    twin_ids, twin = greedy_choice_xp(x)
+    ids, got = kernels.greedy_choice(x)
+    np.testing.assert_array_equal(ids, x.argmax(-1))
+    np.testing.assert_array_equal(ids, twin_ids)
+    assert ids[1] == 17
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, ref, rtol=2e-6)
+    np.testing.assert_allclose(got, twin, rtol=2e-6)
+
+
+def test_greedy_choice_of_hostile_rows_matches_the_twin():
+    """A row without a finite maximum has a NaN log-probability, as in the twin; finite rows, however large,
+    a finite one (0 where one value is 1e30 above the rest)."""
+    x = hostile_rows(37)
+    with np.errstate(invalid="ignore", over="ignore"):
+        twin_ids, twin = greedy_choice_xp(x)
+    ids, got = kernels.greedy_choice(x)
+    np.testing.assert_array_equal(ids, twin_ids)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(twin))
+    assert np.isnan(got[:4]).all() and np.isfinite(got[4:]).all()
+    np.testing.assert_allclose(got[4:], twin[4:], rtol=3e-6, atol=1e-6)
+    assert got[4] == 0

@@ -41,6 +41,7 @@ class Kernels:
     layer_norm: Callable
     rms_norm: Callable
     softmax_inplace: Callable
+    greedy_choice: Callable
     swiglu: Callable
     apply_rope: Callable
     fsmn: Callable

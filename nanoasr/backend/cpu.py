@@ -60,6 +60,12 @@ def swiglu(gate, up):  # gate is overwritten in place: only its own float32 C-co
     return ops.swiglu_xp(gate, up)
 
 
+def greedy_choice(logits):
+    if logits.dtype == np.float32 and logits.flags.c_contiguous:
+        return softmax.greedy_choice(logits)
+    return ops.greedy_choice_xp(logits)
+
+
 def apply_rope(x, cos, sin):
     if x.dtype == np.float32:
         return elementwise.apply_rope(x, cos, sin)
@@ -156,7 +162,8 @@ def products(a, b, activations):  # a [..., m, K] @ b[..., n, K].T; bf16 rows on
 
 
 KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
-                  softmax_inplace=softmax_inplace, swiglu=swiglu, apply_rope=apply_rope, fsmn=fsmn,
+                  softmax_inplace=softmax_inplace, greedy_choice=greedy_choice, swiglu=swiglu,
+                  apply_rope=apply_rope, fsmn=fsmn,
                   new_position=new_position,
                   decode_attention=decode_attention, compiled_layer=compiled_layer, mask_inplace=mask_inplace,
                   stored_matmul=stored_matmul, take_rows=take_rows, products=products)

@@ -65,7 +65,8 @@ def take_rows(t: StoredTensor, ids):  # rows `ids` of a stored [rows, cols] tens
 
 
 KERNELS = Kernels(add_bias=ops.add_bias_xp, layer_norm=ops.layer_norm_xp, rms_norm=ops.rms_norm_xp,
-                  softmax_inplace=ops.softmax_inplace_xp, swiglu=ops.swiglu_xp, apply_rope=ops.apply_rope_xp,
+                  softmax_inplace=ops.softmax_inplace_xp, greedy_choice=ops.greedy_choice_xp,
+                  swiglu=ops.swiglu_xp, apply_rope=ops.apply_rope_xp,
                   fsmn=ops.fsmn_xp, new_position=ops.new_position_xp,
                   decode_attention=ops.decode_attention_xp, compiled_layer=compiled_layer,
                   mask_inplace=ops.mask_inplace_xp, stored_matmul=stored_matmul, take_rows=take_rows,

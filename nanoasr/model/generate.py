@@ -16,6 +16,7 @@ from nanoasr.backend import array_module, to_numpy
 from nanoasr.errors import ModelError
 from nanoasr.model import decoder
 from nanoasr.model.config import TextConfig
+from nanoasr.ops import greedy_choice
 from nanoasr.tensor import StoredTensor, has_nonfinite
 
 MAX_NEW_TOKENS = 512  # hard cap per segment
@@ -57,13 +58,10 @@ class Generation:
 
 
 def _greedy(logits, suppress=()):  # [B, vocab] -> (ids [B], log-probability of each choice [B]), host lists
-    xp = array_module(logits)
     if suppress:  # forced decoding: stop tokens can never be chosen (as Transformers' min_new_tokens)
         logits[:, list(suppress)] = -np.inf
-    ids = xp.argmax(logits, axis=-1)
-    top = xp.take_along_axis(logits, ids[:, None], axis=-1)[:, 0]
-    logprob = -xp.log(xp.exp(logits - top[:, None]).sum(axis=-1))
-    return to_numpy(ids).tolist(), to_numpy(logprob).tolist()
+    ids, logprobs = greedy_choice(logits)
+    return to_numpy(ids).tolist(), to_numpy(logprobs).tolist()
 
 
 def _holds_nonfinite(t) -> bool:
