@@ -1,14 +1,15 @@
 """The decode-attention kernel against a float64 softmax(q k^T) v written out per row and head, and against
 its numpy twin, the decoder's prefill attention, whose blocks keep its scores within a fixed size; the
 kernel that readies a decode step's new position against the formula and the kernels it stands for; the
-encoder's self-attention on head-split views."""
+encoder's self-attention on head-split views; attention's products shared among numba's threads."""
 import tracemalloc
 
+import numba
 import numpy as np
 import pytest
 
-from nanoasr import ops
-from nanoasr.kernels import elementwise
+from nanoasr import backend, ops
+from nanoasr.kernels import blas_split, elementwise
 from nanoasr.kernels.attention import decode_attention, new_position
 from nanoasr.model import decoder
 
@@ -232,3 +233,46 @@ def test_self_attention_on_head_split_views_against_the_formula():
             np.testing.assert_allclose(got[i, h], p / p.sum(-1, keepdims=True) @ vh[:n], rtol=2e-5, atol=2e-6)
     alone = ops.attention(*(split(x[1:, :6]) for x in (q, k, v)), np.ones((1, 6), bool))
     np.testing.assert_allclose(got[1, :, :6], alone[0], rtol=1e-6, atol=1e-7)
+
+
+needs_two_threads = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two numba threads")
+
+
+@needs_two_threads
+@pytest.mark.parametrize("batch, heads", [(1, 8), (2, 3)])
+def test_heads_shared_among_numba_threads_give_the_bits_of_one_blas_call(monkeypatch, batch, heads):
+    """Head-split views (strided, as the encoder's) and an odd head count split into uneven runs: every
+    head's product is the same BLAS call, so the same bits as one stacked matmul."""
+    monkeypatch.setattr(blas_split, "SPLIT_MACS", 0)
+    rng = np.random.default_rng(heads)
+    q, k = (rng.standard_normal((batch, 37, heads * 16)).astype(np.float32) for _ in range(2))
+    split = lambda x: x.reshape(batch, 37, heads, 16).transpose(0, 2, 1, 3)  # noqa: E731
+    with backend.threads(2):
+        got = blas_split.products(split(q), split(k))
+    np.testing.assert_array_equal(got, split(q) @ np.swapaxes(split(k), -1, -2))
+    assert blas_split.products(split(q)[:, :1], split(k)[:, :1]) is None  # one head: nothing to share
+    assert blas_split.products(split(q).astype(np.float64), split(k)) is None
+
+
+@needs_two_threads
+def test_attention_inside_numba_products_shares_out_its_heads_for_the_same_bits(monkeypatch):
+    """Where numba's threads run the products (BLAS kept to the calling thread), large attention products
+    go to blas_split, and the encoder's attention and the decoder's prefill attention give the bits they
+    give outside that scope; small ones stay one call."""
+    calls = []
+    original = blas_split._split_matmul
+    monkeypatch.setattr(blas_split, "_split_matmul",
+                        lambda *args: calls.append(args[0].shape) or original(*args))
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((1, 4, 300, 64)).astype(np.float32) for _ in range(3))
+    prompt = prefill_case(kv_heads=4, group=2, n=300, start=0, hd=64, seed=3)
+    alone = ops.attention(q, k, v), decoder._prefill_attention(*prompt, 2)
+    assert calls == []
+    with backend.threads(2, numba_products=True):
+        shared = ops.attention(q, k, v), decoder._prefill_attention(*prompt, 2)
+        small = ops.attention(q[:, :, :20], k[:, :, :20], v[:, :, :20])
+    assert len(calls) == 4 and all(shape[0] == 1 for shape in calls)
+    for got, want in zip(shared, alone):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(small, ops.attention(q[:, :, :20], k[:, :, :20], v[:, :, :20]))
+    assert len(calls) == 4

@@ -130,6 +130,8 @@ def test_elementwise_kernels_split_rows_only_where_numba_runs_the_products_and_t
         monkeypatch, rows, numba_products, split):
     """A decode step's rows (one per batch row, or a few heads) stay on one thread: a parallel launch costs
     more than they do."""
+    # compiled before the spies stand in for the kernels (the split one calls the serial one as a global)
+    elementwise.rms_norm(np.ones((2, 64), np.float32), np.ones(64, np.float32), 1e-6, split=True)
     calls = {name: record(monkeypatch, elementwise, name) for name in ("_rms_norm_split", "_rms_norm_rows")}
     x = np.ones((rows, 64), np.float32)
     with backend.threads(2, numba_products=numba_products):

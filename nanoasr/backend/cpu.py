@@ -9,7 +9,8 @@ import numpy as np
 
 from nanoasr import ops
 from nanoasr.backend import NUMBA_PRODUCTS, Kernels, pages
-from nanoasr.kernels import amx, attention, cpu, decode_layer as layer_kernel, elementwise, softmax
+from nanoasr.kernels import amx, attention, blas_split, cpu, elementwise, softmax
+from nanoasr.kernels import decode_layer as layer_kernel
 from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.int8_dot import host_path
 from nanoasr.tensor import StoredTensor, take_rows, widen
@@ -158,6 +159,10 @@ def products(a, b, activations):  # a [..., m, K] @ b[..., n, K].T; bf16 rows on
     rounded = activations == "bf16" and amx.available()
     if rounded and a.dtype == b.dtype == np.float32 and a.ndim == b.ndim and a.shape[:-2] == b.shape[:-2]:
         return amx.products(a, amx.bf16_rows(b), np.empty(a.shape[:-1] + b.shape[-2:-1], np.float32))
+    if NUMBA_PRODUCTS.get() and activations != "bf16":  # BLAS is kept to this thread: share out the heads
+        out = blas_split.products(a, b)
+        if out is not None:
+            return out
     return ops.products_xp(a, b, activations)
 
 

@@ -1,0 +1,50 @@
+"""Attention's products (a @ b.T over stacks of heads) on numba's threads, each calling BLAS on its share of
+the heads.
+
+Where numba's threads run the large products (nanoasr.backend.threads with numba_products), BLAS is kept to
+the calling thread: its own threads would spin on the cores numba's threads need, and numba's idle threads
+spin on the cores BLAS's would need (Python threads calling BLAS between numba's products ran no faster than
+one). Here the threads that run are numba's: a parallel region hands each a run of heads, and each leaves
+compiled code (numba's object mode) to run that run's GEMMs with numpy's matmul, which lets the GIL go
+around BLAS. The region itself runs without the GIL, so the thread that starts it never holds it while
+another waits for it. Every head's product is the same BLAS call as in one stacked call: the same bits.
+Handing the GIL between the threads costs some 50-90 us a call, so small products stay whole. Compiled on
+first use and cached on disk.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, objmode, prange
+
+# Below this many multiply-adds (about 250 us of one core's BLAS) a product stays one call on the calling
+# thread: handing it out costs about as much as it saves.
+SPLIT_MACS = 1 << 24
+
+
+@njit(cache=True)
+def _heads_matmul(a, b, out, lo, hi):  # out[:, lo:hi] = a[:, lo:hi] @ b[:, lo:hi], BLAS on the calling thread
+    # (its own function: numba's disk cache loses an object-mode block written inside a parallel loop)
+    with objmode():
+        np.matmul(a[:, lo:hi], b[:, lo:hi], out=out[:, lo:hi])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _split_matmul(a, b, out, parts):  # a [B, h, m, K] @ b [B, h, K, n] -> out [B, h, m, n], in `parts` runs
+    # of heads
+    heads = a.shape[1]
+    for i in prange(parts):
+        _heads_matmul(a, b, out, i * heads // parts, (i + 1) * heads // parts)
+
+
+def products(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """float32 a [B, h, m, K] @ b[B, h, n, K].T -> [B, h, m, n], the heads shared among numba's threads; None
+    where that does not apply (other shapes or types, one head or thread, a product below SPLIT_MACS)."""
+    parts = min(numba.get_num_threads(), a.shape[1]) if a.ndim == 4 else 1
+    if (parts < 2 or a.dtype != np.float32 or b.dtype != np.float32 or b.ndim != 4
+            or a.shape[:2] != b.shape[:2] or a.shape[3] != b.shape[3]
+            or a.size * b.shape[2] < SPLIT_MACS):
+        return None
+    out = np.empty(a.shape[:3] + b.shape[2:3], np.float32)
+    _split_matmul(a, np.swapaxes(b, -1, -2), out, parts)
+    return out
