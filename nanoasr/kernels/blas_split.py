@@ -8,7 +8,7 @@ one). Here the threads that run are numba's: a parallel region hands each a run 
 compiled code (numba's object mode) to run that run's GEMMs with numpy's matmul, which lets the GIL go
 around BLAS. The region itself runs without the GIL, so the thread that starts it never holds it while
 another waits for it. Every head's product is the same BLAS call as in one stacked call: the same bits.
-Handing the GIL between the threads costs some 50-90 us a call, so small products stay whole. Compiled on
+Handing the GIL between the threads has a cost of its own, so small products stay whole. Compiled on
 first use and cached on disk.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numba
 import numpy as np
 from numba import njit, objmode, prange
 
-# Below this many multiply-adds (about 250 us of one core's BLAS) a product stays one call on the calling
-# thread: handing it out costs about as much as it saves.
+# Below this many multiply-adds a product stays one call on the calling thread: handing it out would cost
+# about as much as it saves.
 SPLIT_MACS = 1 << 24
 
 
