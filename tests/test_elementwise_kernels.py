@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from nanoasr import backend
 from nanoasr.kernels import elementwise as kernels
 from nanoasr.ops import (add_bias_xp, apply_rope_xp, fsmn_xp, layer_norm_xp, rms_norm_xp, rope_inv_freq,
                          rope_tables, swiglu_xp)
@@ -33,14 +34,17 @@ def test_layer_norm_takes_strided_input():
 FSMN_SHAPES = [(1, 50, 512, 11), (3, 4, 16, 11), (2, 9, 8, 1), (1, 1, 32, 5)]
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("batch, frames, depth, taps", FSMN_SHAPES)
-def test_fsmn_equals_its_numpy_twin(batch, frames, depth, taps):
-    """Same multiplies and adds in the same order: equal values, not merely close (frames < taps too)."""
+def test_fsmn_equals_its_numpy_twin(batch, frames, depth, taps, split):
+    """Same multiplies and adds in the same order: equal values, not merely close (frames < taps too), also
+    with the frames shared among numba's threads (one frame for two of them included)."""
     rng = np.random.default_rng(frames * taps)
     v = rng.standard_normal((batch, frames, depth)).astype(np.float32)
     v[:, frames // 2 + 1:] *= rng.integers(0, 2, (batch, 1, 1)).astype(np.float32)  # padded rows are zeros
     kernel = rng.standard_normal((depth, 1, taps)).astype(np.float32)
-    np.testing.assert_array_equal(kernels.fsmn(v, kernel), fsmn_xp(v, kernel))
+    with backend.threads(2):
+        np.testing.assert_array_equal(kernels.fsmn(v, kernel, split=split), fsmn_xp(v, kernel))
 
 
 @pytest.mark.parametrize("relu", [False, True])

@@ -75,7 +75,7 @@ def apply_rope(x, cos, sin):
 
 def fsmn(v, kernel):
     if v.dtype == np.float32:
-        return elementwise.fsmn(v, kernel)
+        return elementwise.fsmn(v, kernel, split=_split(v))
     return ops.fsmn_xp(v, kernel)
 
 

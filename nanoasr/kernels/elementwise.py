@@ -6,9 +6,9 @@ Their numpy twins are `nanoasr.ops.layer_norm_xp`, `rms_norm_xp`, `add_bias_xp`,
 temporary) per operation or per tap; these make one, and in decoding, where a row is short, they also save
 numpy's per-call overhead.
 They are serial: between BLAS GEMMs a numba parallel region leaves its threads spinning on the cores BLAS
-needs. Where numba's threads run the products too (AMX tiles), `split=True` shares the rows of a norm, a
-bias or SwiGLU out among them, each row computed as the serial loop computes it. Compiled on first use and
-cached on disk.
+needs. Where numba's threads run the products too (AMX tiles, int8 GEMMs), `split=True` shares the rows of
+a norm, a bias, SwiGLU or the FSMN out among them, each row computed as the serial loop computes it.
+Compiled on first use and cached on disk.
 """
 from __future__ import annotations
 
@@ -148,12 +148,13 @@ def swiglu(gate, up, split=False):  # float32 [..., d] each, gate a fresh C-cont
 
 
 @njit(cache=True)
-def _fsmn(v, taps, out):  # v, out [B, T, D]; taps [K, D]: out = v + sum_k v[t + k - pad] * taps[k]
+def _fsmn(v, taps, out, first, last):  # v, out [B, T, D]; taps [K, D]: for the frames first <= t < last,
+    # out = v + sum_k v[t + k - pad] * taps[k]
     batch, frames, depth = v.shape
     width = taps.shape[0]
     pad = (width - 1) // 2
     for b in range(batch):
-        for t in range(frames):
+        for t in range(first, last):
             acc = out[b, t]
             acc[:] = v[b, t]
             for k in range(width):  # taps in order, one multiply and one add each (as the numpy twin)
@@ -164,9 +165,20 @@ def _fsmn(v, taps, out):  # v, out [B, T, D]; taps [K, D]: out = v + sum_k v[t +
                         acc[d] += row[d] * tap[d]
 
 
-def fsmn(v, kernel):  # v [B, T, D] float32 (padding zeroed), kernel [D, 1, K] -> [B, T, D]
+@njit(parallel=True, cache=True)
+def _fsmn_split(v, taps, out, blocks):  # _fsmn, `blocks` runs of frames
+    step = (v.shape[1] + blocks - 1) // blocks
+    for i in prange(blocks):
+        _fsmn(v, taps, out, min(i * step, v.shape[1]), min((i + 1) * step, v.shape[1]))
+
+
+def fsmn(v, kernel, split=False):  # v [B, T, D] float32 (padding zeroed), kernel [D, 1, K] -> [B, T, D]
     out = np.empty_like(v)
-    _fsmn(np.ascontiguousarray(v), np.ascontiguousarray(kernel[:, 0, :].T), out)
+    v, taps = np.ascontiguousarray(v), np.ascontiguousarray(kernel[:, 0, :].T)
+    if split:  # a run of frames per numba thread
+        _fsmn_split(v, taps, out, numba.get_num_threads())
+    else:
+        _fsmn(v, taps, out, 0, v.shape[1])
     return out
 
 
