@@ -169,3 +169,21 @@ def test_greedy_choice_of_hostile_rows_matches_the_twin():
     assert np.isnan(got[:4]).all() and np.isfinite(got[4:]).all()
     np.testing.assert_allclose(got[4:], twin[4:], rtol=3e-6, atol=1e-6)
     assert got[4] == 0
+
+
+def test_the_row_maximum_taken_in_integers_is_numpys():
+    """The softmax's row maximum (float bits ordered as integers): all-negative rows, infinities, subnormals
+    and zeros of both signs, and NaN of either sign, which makes the maximum NaN as in numpy."""
+    rng = np.random.default_rng(8)
+    negative_nan = np.array([0xFFC00001], np.uint32).view(np.float32)[0]
+    rows = [-rng.random(37).astype(np.float32) - 1, np.array([-np.inf, -3e38, -1e-45], np.float32),
+            np.array([-0.0, -1e-45, 0.0], np.float32), np.array([1e-45, 3e38, np.inf, -np.inf], np.float32),
+            np.array([1.0, np.nan, 2.0], np.float32), np.array([5.0, negative_nan, -7.0], np.float32),
+            rng.standard_normal(1000).astype(np.float32)]
+    for row in rows:
+        got, want = kernels._row_max(row), row.max()
+        assert got == want or (np.isnan(got) and np.isnan(want)), (row, got, want)
+    x = np.array([[5.0, negative_nan, -7.0]], np.float32)
+    with np.errstate(invalid="ignore"):
+        twin = softmax_inplace_xp(x.copy())
+    assert np.isnan(kernels.softmax_inplace(x)).all() and np.isnan(twin).all()

@@ -1,7 +1,7 @@
 """Softmax over the last axis in place, one row at a time, with an exp that LLVM vectorises.
 
 Its numpy twin is `nanoasr.ops.softmax_inplace_xp` (max, subtract, exp, sum, divide: five passes over the
-scores); here numpy takes the row maxima and a row then stays in L1 for its two remaining passes. numba calls
+scores); here a row is read for its maximum and then stays in L1 for its two remaining passes. numba calls
 libm's scalar `expf`, which the loop vectoriser cannot widen, so `exp_nonpositive` is written out:
 x = n ln2 + r with |r| <= ln2/2, e^r from a degree-7 polynomial (Cephes' expf coefficients), and 2^n built
 from its exponent bits. The scale of attention scores and a per-item mask of dropped keys are applied in the
@@ -61,14 +61,32 @@ def exp_nonpositive(x):  # float32 x <= 0 (a score minus its row max) -> e^x wit
     return p * scale if x >= _UNDERFLOW else np.float32(0.0)
 
 
+@njit(cache=True, inline="always")
+def _row_max(row):  # float32 [m] -> its maximum, NaN where it holds a NaN (as numpy's max)
+    # in integers, which LLVM reduces in vector steps (a float maximum keeps NaN's rules: a serial chain): the
+    # bits of a negative float with the sign-magnitude order flipped sort as the floats do; a NaN is flagged
+    # apart (a negative NaN would sort below -inf)
+    words = row.view(np.int32)
+    top = np.int32(-2147483648)
+    nan = np.int32(0)
+    for j in range(words.shape[0]):
+        bits = words[j]
+        nan |= np.int32((bits & np.int32(0x7FFFFFFF)) > np.int32(0x7F800000))
+        top = max(top, bits ^ ((bits >> np.int32(31)) & np.int32(0x7FFFFFFF)))
+    if nan:
+        return np.float32(np.nan)
+    return _float_from_bits(np.int64(top ^ ((top >> np.int32(31)) & np.int32(0x7FFFFFFF))))
+
+
 # numpy's error model: a row without a finite maximum (all masked or dropped, NaN, +inf) sums to 0 and comes
 # out NaN, as in the numpy twin and torch, instead of raising ZeroDivisionError. Serial like the elementwise
 # kernels: they run between BLAS GEMMs, and waking numba's threads there cost more than it saved (measured).
 @njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
-def _softmax_rows(x, tops, scale):  # x [n, m] float32, overwritten row by row; tops [n] the row maxima
+def _softmax_rows(x, scale):  # x [n, m] float32, overwritten row by row
     m = x.shape[1]
     for i in range(x.shape[0]):
-        row, top = x[i], tops[i]
+        row = x[i]
+        top = _row_max(row)
         total = np.float32(0.0)
         for j in range(m):
             e = exp_nonpositive((row[j] - top) * scale)
@@ -122,11 +140,10 @@ def greedy_choice(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @njit(parallel=True, cache=True)
-def _softmax_split(x, tops, scale, blocks):  # _softmax_rows, `blocks` blocks of rows
+def _softmax_split(x, scale, blocks):  # _softmax_rows, `blocks` blocks of rows
     step = (x.shape[0] + blocks - 1) // blocks
     for i in prange(blocks):
-        rows = slice(i * step, (i + 1) * step)
-        _softmax_rows(x[rows], tops[rows], scale)
+        _softmax_rows(x[i * step:(i + 1) * step], scale)
 
 
 def softmax_inplace(x: np.ndarray, scale=1.0, keep=None, split=False) -> np.ndarray:
@@ -138,11 +155,10 @@ def softmax_inplace(x: np.ndarray, scale=1.0, keep=None, split=False) -> np.ndar
                          f"contiguous={x.flags.c_contiguous}")
     rows, scale = x.reshape(-1, x.shape[-1]), np.float32(scale)
     if keep is None:
-        tops = rows.max(axis=1)  # numpy's maximum is vectorised; numba's a serial chain
         if split:  # a block of rows per numba thread
-            _softmax_split(rows, tops, scale, numba.get_num_threads())
+            _softmax_split(rows, scale, numba.get_num_threads())
         else:
-            _softmax_rows(rows, tops, scale)
+            _softmax_rows(rows, scale)
         return x
     if keep.shape != (x.shape[0], x.shape[-1]):
         raise ValueError(f"softmax_inplace takes keep [B, m] = {(x.shape[0], x.shape[-1])}; got {keep.shape}")
