@@ -4,42 +4,15 @@ call instead of a dozen array operations per layer.
 
 Its numpy twin is the prefill path of nanoasr/model/decoder.py (a masked softmax of stacked GEMMs); for one
 new position per row, those stacked products are dozens of tiny BLAS calls per layer, and this loop does the
-same arithmetic in a fraction of the time. A head's cached keys and values are read once per step from
-memory (a float32 cache of a few hundred positions is megabytes per layer), so while its scores are made, the
-value row of the same position and the key row a few positions on are asked for ahead: with a short cache
-the loop otherwise waits on each stream in turn. Compiled on first use and cached on disk.
+same arithmetic in a fraction of the time. Compiled on first use and cached on disk.
 """
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from nanoasr.kernels.elementwise import _rms_norm_rows, _rope_rows
 from nanoasr.kernels.softmax import exp_nonpositive
-from nanoasr.kernels.vector_ir import I8, i64, prefetch
-
-KEYS_AHEAD = 4  # key rows asked for ahead of the one being read
-
-
-@intrinsic
-def _prefetch_row(typingctx, rows, row):
-    """Ask for the cache lines of rows[row] (a 2-D array with contiguous rows; row in range: the caller's
-    loop bound)."""
-    if not isinstance(rows, types.Array) or rows.ndim != 2 or not isinstance(row, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        array = context.make_array(sig.args[0])(context, builder, args[0])
-        stride = cgutils.unpack_tuple(builder, array.strides)[0]
-        start = builder.gep(builder.bitcast(array.data, ir.PointerType(I8)), [builder.mul(args[1], stride)])
-        lines = builder.udiv(builder.add(stride, i64(63)), i64(64))
-        with cgutils.for_range(builder, lines) as line:
-            prefetch(builder, builder.gep(start, [builder.mul(line.index, i64(64))]))
-        return context.get_dummy_value()
-    return types.none(rows, types.int64), codegen
 
 
 @njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
@@ -51,9 +24,6 @@ def _attend(q, keys, values, lengths, out):
         k, v, qh = keys[b, h], values[b, h], q[b, h]  # [capacity, hd], [capacity, hd], [g, hd]
         scores = np.empty((group, m), np.float32)
         for t in range(m):  # each cached key row is read once for the whole query group
-            _prefetch_row(v, t)
-            if t + KEYS_AHEAD < m:
-                _prefetch_row(k, t + KEYS_AHEAD)
             kt = k[t]
             for j in range(group):
                 s = np.float32(0.0)
