@@ -259,11 +259,11 @@ def new_position_xp(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values,
     return q * xp.float32(scale)
 
 
-def compiled_layer(matrices, norms):  # a decoder layer's stored matrices and norm weights -> a function of
-    # (x [B, H], eps, cos, sin, scale, keys, values, positions) -> [B, H] or None, or None: a decode step's
-    # layer in one call where the device has one (the CPU, for products over whole blocks and a float32 cache,
-    # up to 8 rows: nanoasr.kernels.decode_layer); the weights are checked here, once per decoding session.
-    # None, and the decoder runs the layer op by op
+def compiled_layer(matrices, norms):  # a decoder layer's stored matrices and norm weights -> its decode
+    # step as one call, layer(x [B, H], eps, cos, sin, scale, keys, values, positions) -> [B, H], made once
+    # per decoding session (the weights checked then): the CPU's, for products over whole blocks
+    # (nanoasr.kernels.decode_layer). None where the device has none; the call itself answers None for rows
+    # or a cache it does not take (past 8 rows, not float32). Either None: the decoder runs the layer op by op
     return kernels_for(norms[0]).compiled_layer(matrices, norms)
 
 
