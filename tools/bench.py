@@ -3,7 +3,7 @@
     python tools/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
                           [--llama-gguf qwen3.gguf] [--seconds 10] [--tokens 40] [--long-seconds 600]
                           [--threads 2] [--device cpu|cuda] [--activations exact|int8|bf16] [--rounds 3]
-                          [--huge-pages off|on|both]
+                          [--huge-pages off|on|both] [--isa native|avx2]
                           [--json out.json] [--report docs/reports/performance.md]  (appends a dated section)
 
 Each configuration runs in its own process (so peak RSS is its own), with OPENBLAS_CORETYPE and
@@ -13,7 +13,8 @@ them alike; every figure is the median over the rounds, with its minimum and max
 CPU and the features nanoasr chooses its kernels by, llama.cpp's own system information when
 llama-cpp-python is installed, and the machine's read bandwidth (a streaming sum over a buffer of 1 GiB or
 four times the last-level cache, on as many threads as the runs use), against which F16/BF16 decode steps
-are reported.
+are reported. `--isa avx2` holds every side to the instructions of an AVX2-only x86 CPU (ISA_ENVIRON), so
+that an AVX-512 machine measures the paths such CPUs run.
 """
 from __future__ import annotations
 
@@ -270,8 +271,18 @@ CHILDREN = {"nanoasr": child_nanoasr, "transformers": child_transformers, "llama
 
 # --- driver -----------------------------------------------------------------------------------------
 
+# The environment each side's children get for --isa: "avx2" is an AVX2-only x86 CPU (AVX2, FMA, F16C, as
+# AMD's Zen 3): nanoasr's numba target (its paths follow it: nanoasr/kernels/target.py), OpenBLAS's Haswell
+# kernels, and Transformers' ATen, oneDNN and MKL dispatch. llama.cpp is held by its build: pass as
+# --llama-python one built without AVX-512 (docs/reports/README.md); the report shows its system info.
+ISA_ENVIRON = {"native": {}, "avx2": {
+    "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma,+f16c,+bmi2",
+    "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
+
+
 def run_child(kind: str, model: str, args, **extra) -> dict:
-    env = environ_without_blas_vars()
+    env = {**environ_without_blas_vars(), **ISA_ENVIRON[args.isa]}
     python = args.llama_python if kind == "llama" else sys.executable
     cmd = [python, __file__, "child", kind, "--model", model, "--seconds", str(args.seconds),
            "--tokens", str(args.tokens), "--threads", str(args.threads), "--reference", args.reference,
@@ -407,17 +418,21 @@ def _fmt(v) -> str:
 def report(results: dict, args) -> str:
     m, bandwidth = results["machine"], results["read_bandwidth_gbs"]
     activations = "" if args.activations == "exact" else f", {args.activations} activations"
+    held = "" if args.isa == "native" else f", held to {args.isa.upper()}"
     day = time.strftime('%Y-%m-%d', time.gmtime())
-    lines = [f"## {day}: {m['cpu']} (`{m['cpu_target']}`){activations}", "",
+    unset = "OPENBLAS_L2_SIZE" if held else "OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE"
+    lines = [f"## {day}: {m['cpu']} (`{m['cpu_target']}`){held}{activations}", "",
              f"Produced by `python tools/bench.py {' '.join(sys.argv[1:])}` "
              f"({args.threads} threads, {args.seconds} s of speech-like audio with {args.tokens} tokens "
-             f"forced, `{args.reference}` profile, OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset, {args.rounds} "
+             f"forced, `{args.reference}` profile, {unset} unset, {args.rounds} "
              "interleaved rounds: each figure is the median, with the minimum and maximum in brackets).", "",
              f"- CPU: {m['cpu']} ({m['cpus']} logical CPUs), target `{m['cpu_target']}`, "
              f"features: {m['cpu_features']}",
              f"- Read bandwidth ({args.threads} threads, streaming sum over {bandwidth_buffer_mib()} MiB): "
              f"{_fmt(bandwidth['median'])} GB/s ({_fmt(bandwidth['min'])}-{_fmt(bandwidth['max'])})",
              f"- BLAS: {'; '.join(m['blas'])}; Python {m['python']}",
+             *([f"- Held to {args.isa.upper()}: every child runs with "
+                + " ".join(f"{k}={v}" for k, v in ISA_ENVIRON[args.isa].items())] if held else []),
              f"- llama.cpp system info: {m['llama_system_info']}", ""]
     on_device = any("peak_device_mb" in r for r in results["runs"].values())
     columns = COLUMNS + DEVICE_COLUMNS if on_device else COLUMNS
@@ -526,6 +541,8 @@ def main() -> int:
     parser.add_argument("--huge-pages", default="off", choices=("off", "on", "both"),
                         help="nanoasr's weight matrices read into huge pages (Model.load(huge_pages=True)); "
                              "both: each model both ways")
+    parser.add_argument("--isa", default="native", choices=tuple(ISA_ENVIRON),
+                        help="avx2: every side held to an AVX2-only CPU's instructions (ISA_ENVIRON)")
     parser.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--report", default=None, help="write a markdown table here")

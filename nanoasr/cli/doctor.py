@@ -18,8 +18,8 @@ DISTRIBUTIONS = ("numpy", "numba", "llvmlite", "gguf", "safetensors", "tokenizer
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avx512bf16", "amx-tile")
 PROC_FLAGS = {"avx512bf16": "avx512_bf16", "avx512vnni": "avx512_vnni", "amx-tile": "amx_tile"}
 ENVIRONMENT = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT", "MKL_NUM_THREADS",
-               "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT",
-               "HF_HUB_OFFLINE")
+               "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES",
+               "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT", "HF_HUB_OFFLINE")
 SECRETS = ("HF_TOKEN",)  # reported as set or not, never shown
 
 
@@ -111,7 +111,8 @@ def cpu() -> dict:
 
 
 def kernels() -> dict:
-    """The product paths this CPU runs for each `activations` choice that depends on its features."""
+    """The product paths this CPU runs for each `activations` choice that depends on its features (those of
+    numba's target, which NUMBA_CPU_NAME / NUMBA_CPU_FEATURES may set: kernels/target.py)."""
     from nanoasr.kernels import amx
     from nanoasr.kernels.int8_dot import host_path
 

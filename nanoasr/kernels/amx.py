@@ -27,6 +27,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from nanoasr.kernels import target
 from nanoasr.kernels.vector_ir import (F32, I8, I32, i64, lanes, load_vector, store_first, store_vector,
                                        transposed)
 
@@ -43,12 +44,11 @@ _ARCH_PRCTL, _REQ_XCOMP_PERM, _XTILEDATA = 158, 0x1023, 18  # x86_64 syscall num
 @cache
 def available() -> bool:
     """Whether this process can run the tiles: an x86_64 Linux CPU with AMX-BF16, and the kernel's
-    permission for the tile state (asked for here, once; it holds for every thread of the process)."""
-    import llvmlite.binding as llvm
-
+    permission for the tile state (asked for here, once; it holds for every thread of the process), where
+    numba's target has them too (target.py)."""
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return False
-    features = llvm.get_host_cpu_features()
+    features = target.features()
     if not (features.get("amx-tile") and features.get("amx-bf16")):
         return False
     return ctypes.CDLL(None, use_errno=True).syscall(_ARCH_PRCTL, _REQ_XCOMP_PERM, _XTILEDATA) == 0

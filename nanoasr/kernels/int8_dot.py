@@ -26,6 +26,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from nanoasr.kernels import target
 from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.quant_blocks import _f16x8, _scales_mins
 from nanoasr.kernels.rows_dot import ROWS, _RowsDot
@@ -40,10 +41,9 @@ I32X16 = ir.VectorType(I32, 16)
 
 @cache
 def host_path() -> str | None:
-    """The integer path this CPU runs: "vnni" with AVX512-VNNI and AVX512-BW, "avx2" with AVX2, else None."""
-    import llvmlite.binding as llvm
-
-    features = llvm.get_host_cpu_features()
+    """The integer path this CPU runs: "vnni" with AVX512-VNNI and AVX512-BW, "avx2" with AVX2, else None
+    (features of numba's target: target.py)."""
+    features = target.features()
     if features.get("avx512vnni") and features.get("avx512bw"):
         return "vnni"
     return "avx2" if features.get("avx2") else None

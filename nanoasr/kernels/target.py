@@ -1,0 +1,24 @@
+"""The CPU features compiled kernels may use. Numba compiles for the host unless its own settings,
+NUMBA_CPU_NAME and NUMBA_CPU_FEATURES, name another target (a kernel cache shared between machines, or the
+AVX2 paths tried on an AVX-512 machine); the kernels that emit a feature's instructions, and the choice of
+product paths, ask here, so that they never emit what the compiled code's target lacks.
+"""
+from __future__ import annotations
+
+from functools import cache
+
+
+@cache
+def features() -> dict[str, bool]:
+    """LLVM's feature name ("avx2", "avx512vnni", "amx-tile", ...) -> whether compiled kernels may use it: the
+    host's features, or, where NUMBA_CPU_FEATURES is set ("+avx2,+fma,..."), those it turns on that the host
+    has (a feature a CPU name implies but the list leaves out counts as absent: the kernels err on the side
+    of the float32 paths)."""
+    import llvmlite.binding as llvm
+    from numba.core import config
+
+    host = {name: bool(on) for name, on in llvm.get_host_cpu_features().items()}
+    if config.CPU_FEATURES is None:
+        return host
+    asked = {flag.strip()[1:] for flag in config.CPU_FEATURES.split(",") if flag.strip().startswith("+")}
+    return {name: on and name in asked for name, on in host.items()}
