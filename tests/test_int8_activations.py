@@ -35,9 +35,9 @@ def counting_int8_calls(monkeypatch) -> list:
         calls.append((len(x), path))
         return few(x, data, dtype, rows, cols, out, path)
 
-    def gemm_spy(x, data, dtype, rows, cols, out):
+    def gemm_spy(x, data, dtype, rows, cols, out, path):
         calls.append((len(x), "gemm"))
-        return many(x, data, dtype, rows, cols, out)
+        return many(x, data, dtype, rows, cols, out, path)
     monkeypatch.setattr(cpu_backend.cpu, "matvec_int8", spy)
     monkeypatch.setattr(cpu_backend.cpu, "gemm_int8", gemm_spy)
     return calls
@@ -69,8 +69,11 @@ def test_int8_activations_mark_the_block_types_but_not_dense_ones():
     assert {k: t.activations for k, t in placed.items()} == {
         "q8_0": "int8", "q4_k": "int8", "q6_k": "int8", "bf16": "exact"}
     assert {t.activations for t in CPU.place(tensors, set()).values()} == {"exact"}
-    # the int8 GEMM runs the many-row products where the CPU has VNNI: BLAS is then kept to one thread
-    assert CPU.numba_products(placed) == (cpu_backend.host_path() == "vnni")
+    # the int8 GEMM runs the many-row products (Q4_K and Q6_K with AVX2, every kind with VNNI): BLAS is then
+    # kept to one thread
+    assert CPU.numba_products(placed) == (cpu_backend.host_path() is not None)
+    only_q8_0 = {"q8_0": placed["q8_0"]}
+    assert CPU.numba_products(only_q8_0) == (cpu_backend.host_path() == "vnni")
     assert not CPU.numba_products(CPU.place(tensors, set()))
 
 

@@ -84,7 +84,7 @@ def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict
         time.sleep(0.3)
         with backend.threads(None, numba_products=True):  # BLAS kept to one thread, as the model keeps it
             ms["AMX bf16"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), rounded, reps)
-    if dtype in cpu.MATVEC_INT8_KINDS and host_path() == "vnni":
+    if dtype in cpu.MATVEC_INT8_KINDS and host_path() is not None:
         int8 = [StoredTensor(c, dtype, (rows, cols), activations="int8") for c in copies]
         time.sleep(0.3)
         with backend.threads(None, numba_products=True):  # as the model runs it
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     print(f"threads {args.threads}, {platform.processor() or platform.machine()}; ms per product (median), "
           f"GFLOP/s in brackets\n")
     tiles = "bf16" in args.dtypes and amx.available()
-    int8 = host_path() == "vnni" and any(d in cpu.MATVEC_INT8_KINDS for d in args.dtypes)
+    int8 = host_path() is not None and any(d in cpu.MATVEC_INT8_KINDS for d in args.dtypes)
     columns = (("widen+BLAS", "BLAS f32", "tiled") + (("AMX bf16",) if tiles else ())
                + (("int8 GEMM",) if int8 else ()))
     print("| type | rows | shape | " + " | ".join(columns) + " | widening's share |")

@@ -130,20 +130,27 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
         if w.activations == "int8" and host_path() is not None:
             return cpu.matvec_int8(x, w.data, w.dtype, out_features, in_features, out, host_path())
         return cpu.matvec(x, w.data, w.dtype, out_features, in_features, out)
-    if w.activations == "int8" and host_path() == "vnni":
+    if _gemm_path(w) is not None:
         return cpu.gemm_int8(x, w.data, w.dtype, out_features, in_features,
-                             np.empty((len(x), out_features), np.float32))
+                             np.empty((len(x), out_features), np.float32), _gemm_path(w))
     if w.dtype == "f32":
         return x @ w.data.T
     wide = cpu.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))
     return x @ wide.T
 
 
+def _gemm_path(w) -> str | None:
+    """The int8 GEMM's path for w's many-row products (int8_gemm.GEMM_KINDS), or None: widening + BLAS."""
+    path = host_path()
+    marked = getattr(w, "activations", None) == "int8"
+    return path if marked and path is not None and w.dtype in cpu.GEMM_KINDS[path] else None
+
+
 def numba_products(weights: dict) -> bool:
     """Whether numba's kernels run the large products: AMX tiles for weights placed for bf16 activations, the
-    int8 GEMM (AVX512-VNNI) for weights placed for int8 activations."""
+    int8 GEMM for weights placed for int8 activations that it takes on this CPU."""
     marks = {getattr(t, "activations", None) for t in weights.values()}
-    return amx.available() and "bf16" in marks or host_path() == "vnni" and "int8" in marks
+    return amx.available() and "bf16" in marks or any(_gemm_path(t) for t in weights.values())
 
 
 def _widen_buffer(rows: int, cols: int) -> np.ndarray:

@@ -118,7 +118,9 @@ def kernels() -> dict:
 
     path = host_path()
     return {"int8_decode": f"int8 ({path})" if path else "float32 (no AVX2)",
-            "int8_many_rows": "int8 GEMM (vnni)" if path == "vnni" else "float32 (widening + BLAS)",
+            "int8_many_rows": {"vnni": "int8 GEMM (vnni)",
+                               "avx2": "int8 GEMM (avx2) for Q4_K/Q6_K, Q8_0 float32 (widening + BLAS)",
+                               None: "float32 (widening + BLAS)"}[path],
             "bf16_many_rows": "AMX tiles" if amx.available() else "BLAS on bf16-rounded rows"}
 
 

@@ -372,16 +372,25 @@ def vpdpbusd(builder, start, unsigned, signed):
 def pmadd_halves(builder, unsigned, signed):
     """<16 x i32>: the sums of each four unsigned * signed bytes (<64 x i8> each) as two 256-bit halves of
     vpmaddubsw (pairs into int16, saturating: the caller keeps |products| below 2^14) and vpmaddwd."""
+    return pair_sums(builder, pair_products(builder, unsigned, signed))
+
+
+def pair_products(builder, unsigned, signed):
+    """[<16 x i16>] * 2: vpmaddubsw on each 256-bit half of two <64 x i8>: each pair of unsigned * signed
+    bytes summed into int16 (saturating: the caller keeps them, and any sums of them it adds, in range)."""
     v16 = ir.VectorType(I16, 16)
     madd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [ir.VectorType(I8, 32)] * 2),
                                           "llvm.x86.avx2.pmadd.ub.sw")
+    return [builder.call(madd, [lanes(builder, v, range(32 * h, 32 * h + 32)) for v in (unsigned, signed)])
+            for h in range(2)]
+
+
+def pair_sums(builder, halves):
+    """<16 x i32>: vpmaddwd of each <16 x i16> half with ones (each two int16 summed into int32), joined."""
+    v16 = ir.VectorType(I16, 16)
     widen = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VectorType(I32, 8), [v16] * 2),
                                            "llvm.x86.avx2.pmadd.wd")
-    halves = []
-    for h in range(2):
-        u, s = (lanes(builder, v, range(32 * h, 32 * h + 32)) for v in (unsigned, signed))
-        halves.append(builder.call(widen, [builder.call(madd, [u, s]), ir.Constant(v16, [1] * 16)]))
-    return concatenated(builder, halves)
+    return concatenated(builder, [builder.call(widen, [h, ir.Constant(v16, [1] * 16)]) for h in halves])
 
 
 def _driver(kind: str, path: str):

@@ -1,5 +1,5 @@
-"""Many rows of x times Q8_0, Q4_K or Q6_K weights in int8 (AVX512-VNNI): the encoder's and the prefill's
-products with int8 activations, ggml's numerics for the block types, without widening the weights to float32.
+"""Many rows of x times Q8_0, Q4_K or Q6_K weights in int8: the encoder's and the prefill's products with int8
+activations, ggml's numerics for the block types, without widening the weights to float32.
 
 x [n, K] is quantized per 32-column block as the decode products quantize it (int8_dot: d = amax/127, q = x/d
 rounded to nearest, ties to even). Each task packs 32 rows of W once, for all rows of x: per 32 values, 8
@@ -11,6 +11,14 @@ int32 accumulators that start at minus the offset times the sum of x's int8 they
 Q6_K; nothing for Q4_K), then one multiply-add each into float32 by dw * dx; Q4_K then subtracts
 dmin * m times dx times the sum of the block's int8. Out[r, j] sums these terms over the blocks in order: the
 decode kernel's terms, summed in another order. The numpy twin is nanoasr.ops.int8_matmul_xp.
+
+Two paths, as for decoding (int8_dot.PATHS): "vnni" as above, and "avx2" for Q4_K and Q6_K, where the
+vpdpbusd steps are vpmaddubsw on the same packed lines (each pair of unsigned quants times x into int16),
+whose int16 sums are added over a run of fours (INT16_RUN) before one vpmaddwd widens them into the int32
+sums. The integer sums are the same, so both paths give the same bits. Q8_0's quants are signed, and
+vpmaddubsw needs one operand unsigned: |w| against x with w's sign is a sign step and a vpmaddwd per four,
+which was slower on AVX2 than BLAS on the widened matrix (docs/reports/many_rows.md), so GEMM_KINDS leaves
+Q8_0 there to widening.
 """
 from __future__ import annotations
 
@@ -21,14 +29,19 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.int8_dot import (I32X16, KINDS, q4_k_quants, q4_k_scales, q6_k_quants, q6_k_scales,
-                                      quantize_block)
+from nanoasr.kernels.int8_dot import (KINDS, PATHS, pair_products, pair_sums, q4_k_quants, q4_k_scales,
+                                      q6_k_quants, q6_k_scales, quantize_block, vpdpbusd)
 from nanoasr.kernels.quant_blocks import _f16x8
 from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, bytes_of, concatenated, i64, lanes, load_vector,
-                                       mac, prefetch, splat, store_first, store_vector, transposed)
+                                       mac, prefetch, splat, store_vector, transposed)
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
 X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 16 lanes
+# AVX2's 16 registers of 256 bits hold fewer: a row of x's int16 and float32 accumulators take 8
+CALL_ROWS = {"vnni": X_ROWS, "avx2": 1}
+# 32-value blocks of the panel all rows of x meet before the next ones: 32 KiB of packed lines, which stay in
+# the core's first-level cache while they are read once per call
+K_CHUNK = 32
 # Values of a row a panel is packed by at a time, a group of 16 rows after the other, block by block across
 # the group's rows: the chunk of each row is read in a run of 1024 values, and the run after it is prefetched
 # (the hardware prefetcher does not follow 16 rows' streams)
@@ -128,27 +141,52 @@ def _parts(b, name, halves, k):
     if name == "q8_0":
         return [([b.mul(b.add(*hv), ir.Constant(I32, -128)) for hv in halves], range(8), k)]
     if name == "q4_k":
-        return [([ir.Constant(I32, 0)] * X_ROWS, range(8), k)]
+        return [([ir.Constant(I32, 0)] * len(halves), range(8), k)]
     return [([b.mul(hv[h], ir.Constant(I32, -32)) for hv in halves], range(4 * h, 4 * h + 4),
              b.add(b.mul(k, i64(2)), i64(h))) for h in range(2)]
 
 
-def _integer_sums(b, words, qrows, k, starts, fours):
+# AVX2: fours whose int16 pair sums are added before vpmaddwd widens them. Each pair of products is at most
+# 2 * 15 * 127 for Q4_K (eight such sums stay below 2^15) and 2 * 63 * 127 for Q6_K (two do).
+INT16_RUN = {"q4_k": 8, "q6_k": 2}
+
+
+def _integer_sums(b, name, path, words, qrows, k, starts, fours):
     """[row of x][group of 16 weight rows] <16 x i32>: starts + the products over the fours of block k."""
-    vpdpbusd = cgutils.get_or_insert_function(b.module, ir.FunctionType(I32X16, [I32X16] * 3),
-                                              "llvm.x86.avx512.vpdpbusd.512")
-    line0 = b.mul(k, i64(2 * 8 * 16))
     sums = [[splat(b, start)] * 2 for start in starts]
-    for g in fours:
-        w = [load_vector(b, b.gep(words, [b.add(line0, i64(16 * (8 * c + g)))]), 0, I32, 16)
-             for c in range(2)]
-        for r, qrow in enumerate(qrows):
-            at = b.gep(qrow, [b.add(b.mul(k, i64(32)), i64(4 * g))])
-            four = b.load(b.bitcast(at, ir.PointerType(I32)))
-            four.align = 1
-            xb = splat(b, four)
-            sums[r] = [b.call(vpdpbusd, [sums[r][c], w[c], xb]) for c in range(2)]
+    run = INT16_RUN[name] if path == "avx2" else 1
+    for first in range(0, len(fours), run):
+        pairs = None  # AVX2: [row of x][group] the run's int16 pair sums, two halves
+        for g in fours[first:first + run]:
+            w, xbs = _weight_lines(b, words, k, g), _x_fours(b, qrows, k, g)
+            if path == "vnni":
+                sums = [[vpdpbusd(b, sums[r][c], w[c], xb) for c in range(2)] for r, xb in enumerate(xbs)]
+                continue
+            step = [[pair_products(b, w[c], xb) for c in range(2)] for xb in xbs]
+            pairs = step if pairs is None else [[[b.add(p, q) for p, q in zip(ps, qs)]
+                                                 for ps, qs in zip(rp, rq)] for rp, rq in zip(pairs, step)]
+        if pairs is not None:
+            sums = [[b.add(s, pair_sums(b, p)) for s, p in zip(row_sums, row_pairs)]
+                    for row_sums, row_pairs in zip(sums, pairs)]
     return sums
+
+
+def _weight_lines(b, words, k, g):
+    """The two groups' lines of four g of block k, <64 x i8> of unsigned quants each."""
+    line0 = b.mul(k, i64(2 * 8 * 16))
+    return [b.bitcast(load_vector(b, b.gep(words, [b.add(line0, i64(16 * (8 * c + g)))]), 0, I32, 16),
+                      ir.VectorType(I8, 64)) for c in range(2)]
+
+
+def _x_fours(b, qrows, k, g):
+    """Each row's four int8 of x at four g of block k, broadcast to <64 x i8>."""
+    out = []
+    for qrow in qrows:
+        at = b.gep(qrow, [b.add(b.mul(k, i64(32)), i64(4 * g))])
+        four = b.load(b.bitcast(at, ir.PointerType(I32)))
+        four.align = 1
+        out.append(b.bitcast(splat(b, four), ir.VectorType(I8, 64)))
+    return out
 
 
 def _panel_lines(b, base, index):
@@ -157,57 +195,50 @@ def _panel_lines(b, base, index):
             for c in range(2)]
 
 
-def _store_rows(b, oa, acc, x0, col0):
-    """acc[r][c] to out[x0 + r, col0 + 16c..], the rows and columns out has."""
-    m, n = cgutils.unpack_tuple(b, oa.shape)
-    for r, row_accs in enumerate(acc):
-        row = b.add(x0, i64(r))
-        with b.if_then(b.icmp_signed("<", row, m)):
-            for c, a in enumerate(row_accs):
-                col = b.add(col0, i64(16 * c))
-                with b.if_then(b.icmp_signed("<", col, n)):
-                    store_first(b, b.gep(oa.data, [b.add(b.mul(row, n), col)]), b.load(a), b.sub(n, col))
-
-
 @intrinsic(prefer_literal=True)
-def _rows_times_panel(typingctx, kind, packed, scales, mins, q, d, sums, x0, out, col0):
-    """out[x0.. x0+3 (those out has), col0.. col0+31 (those out has)] = rows x0.. of x (q int8 [n', 32nb], d
-    float32 [n', nb], sums int32 [n', 2nb]: each 16 values' sum of q) times the packed panel of `kind`."""
-    if not isinstance(kind, types.StringLiteral):
+def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x0, partial, k0, k1):
+    """partial[x0.. x0 + CALL_ROWS[path] - 1, :32] (float32 [n', 32]) += rows x0.. of x (q int8 [n', 32nb], d
+    float32 [n', nb], sums int32 [n', 2nb]: each 16 values' sum of q) times the packed panel of `kind` over
+    its 32-value blocks k0.. k1 - 1, on `path` ("vnni" or "avx2"), term by term in block order."""
+    if not isinstance(kind, types.StringLiteral) or not isinstance(path, types.StringLiteral):
         return None
-    name = kind.literal_value
+    name, on = kind.literal_value, path.literal_value
 
     def codegen(context, builder, sig, args):
-        pa, sa, ma, qa, da, ta, oa = (context.make_array(sig.args[i])(context, builder, args[i])
-                                      for i in (1, 2, 3, 4, 5, 6, 8))
-        x0, col0 = args[7], args[9]
+        pa, sa, ma, qa, da, ta, ua = (context.make_array(sig.args[i])(context, builder, args[i])
+                                      for i in (2, 3, 4, 5, 6, 7, 9))
+        x0, k0, k1 = args[8], args[10], args[11]
         b = builder
         nb = cgutils.unpack_tuple(b, da.shape)[1]
-        qrows = [b.gep(qa.data, [b.mul(b.add(x0, i64(r)), b.mul(nb, i64(32)))]) for r in range(X_ROWS)]
-        drows = [b.mul(b.add(x0, i64(r)), nb) for r in range(X_ROWS)]
+        n = CALL_ROWS[on]
+        qrows = [b.gep(qa.data, [b.mul(b.add(x0, i64(r)), b.mul(nb, i64(32)))]) for r in range(n)]
+        drows = [b.mul(b.add(x0, i64(r)), nb) for r in range(n)]
         words = b.bitcast(pa.data, ir.PointerType(I32))
-        acc = [[cgutils.alloca_once_value(b, ir.Constant(V16, None)) for _ in range(2)]
-               for _ in range(X_ROWS)]
-        with cgutils.for_range(b, nb) as kb:
-            k = kb.index
+        sums_at = [[b.gep(ua.data, [b.add(b.mul(b.add(x0, i64(r)), i64(PANEL)), i64(16 * c))])
+                    for c in range(2)] for r in range(n)]
+        acc = [[cgutils.alloca_once_value(b, load_vector(b, at, 0, F32, 16)) for at in row]
+               for row in sums_at]
+        with cgutils.for_range_slice(b, k0, k1, i64(1)) as (k, _):
             halves = [[b.load(b.gep(ta.data, [b.add(b.mul(b.add(drows[r], k), i64(2)), i64(h))]))
-                       for h in range(2)] for r in range(X_ROWS)]
-            dx = [splat(b, b.load(b.gep(da.data, [b.add(drows[r], k)]))) for r in range(X_ROWS)]
+                       for h in range(2)] for r in range(n)]
+            dx = [splat(b, b.load(b.gep(da.data, [b.add(drows[r], k)]))) for r in range(n)]
             for starts, fours, index in _parts(b, name, halves, k):
-                sums = _integer_sums(b, words, qrows, k, starts, fours)
+                sums = _integer_sums(b, name, on, words, qrows, k, starts, fours)
                 dw = _panel_lines(b, sa.data, index)
-                for r in range(X_ROWS):
+                for r in range(n):
                     for c in range(2):
                         mac(b, acc[r][c], b.sitofp(sums[r][c], V16), b.fmul(dw[c], dx[r]))
             if name == "q4_k":  # less min * the block's sum of x
                 mn = _panel_lines(b, ma.data, k)
-                for r in range(X_ROWS):
+                for r in range(n):
                     xs = b.fmul(dx[r], splat(b, b.sitofp(b.add(*halves[r]), F32)))
                     for c in range(2):
                         mac(b, acc[r][c], mn[c], xs)
-        _store_rows(b, oa, acc, x0, col0)
+        for row, row_at in zip(acc, sums_at):
+            for a, at in zip(row, row_at):
+                store_vector(b, at, 0, b.load(a))
         return context.get_dummy_value()
-    return types.none(kind, packed, scales, mins, q, d, sums, x0, out, col0), codegen
+    return types.none(kind, path, packed, scales, mins, q, d, sums, x0, partial, k0, k1), codegen
 
 
 def _rows_quantizer(parallel: bool):
@@ -238,11 +269,11 @@ PARALLEL_BLOCKS = 4096
 _quantized_rows, _quantized_rows_parallel = _rows_quantizer(False), _rows_quantizer(True)
 
 
-def _driver(kind: str):
-    """The product for `kind`: x float32 [n, >= 32nb'] @ W.T -> out float32 [n, rows], W `kind` data of nb
-    whole blocks a row (nb' = nb * values per block / 32)."""
+def _driver(kind: str, path: str):
+    """The product for `kind` on `path`: x float32 [n, >= 32nb'] @ W.T -> out float32 [n, rows], W `kind`
+    data of nb whole blocks a row (nb' = nb * values per block / 32)."""
     per = BLOCKS[kind].size // 32
-    scales_per = SCALES[kind]
+    scales_per, call_rows = SCALES[kind], CALL_ROWS[path]
 
     def gemm(x, data, nb, out):
         if x.shape[0] * nb * per >= PARALLEL_BLOCKS:
@@ -255,10 +286,16 @@ def _driver(kind: str):
             scales = np.empty((nb * per * scales_per, PANEL), np.float32)
             mins = np.empty((nb * per, PANEL), np.float32)
             _pack_panel(kind, data, t * PANEL, nb, packed, scales, mins)
-            for x0 in range(0, q.shape[0], X_ROWS):
-                _rows_times_panel(kind, packed, scales, mins, q, d, sums, x0, out, t * PANEL)
-    gemm.__name__ = gemm.__qualname__ = f"gemm_{kind}_int8"
+            partial = np.zeros((q.shape[0], PANEL), np.float32)
+            for k0 in range(0, nb * per, K_CHUNK):
+                for x0 in range(0, q.shape[0], call_rows):
+                    _rows_times_panel(kind, path, packed, scales, mins, q, d, sums, x0, partial, k0,
+                                      min(nb * per, k0 + K_CHUNK))
+            width = min(PANEL, out.shape[1] - t * PANEL)
+            out[:, t * PANEL:t * PANEL + width] = partial[:out.shape[0], :width]
+    gemm.__name__ = gemm.__qualname__ = f"gemm_{kind}_int8_{path}"
     return njit(parallel=True, cache=True)(gemm)
 
 
-GEMM_INT8 = {kind: _driver(kind) for kind in KINDS}
+GEMM_KINDS = {"vnni": KINDS, "avx2": ("q4_k", "q6_k")}  # the kinds each path multiplies (docstring)
+GEMM_INT8 = {(kind, path): _driver(kind, path) for path in PATHS for kind in GEMM_KINDS[path]}
