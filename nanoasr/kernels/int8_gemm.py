@@ -33,15 +33,16 @@ from nanoasr.kernels.int8_dot import (KINDS, PATHS, pair_products, pair_sums, q4
                                       q6_k_quants, q6_k_scales, quantize_block, vpdpbusd)
 from nanoasr.kernels.quant_blocks import _f16x8
 from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, bytes_of, concatenated, i64, lanes, load_vector,
-                                       mac, prefetch, splat, store_vector, transposed)
+                                       mac, prefetch, splat, store_first, store_vector, transposed)
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
 X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 16 lanes
 # AVX2's 16 registers of 256 bits hold fewer: a row of x's int16 and float32 accumulators take 8
 CALL_ROWS = {"vnni": X_ROWS, "avx2": 1}
-# 32-value blocks of the panel all rows of x meet before the next ones: 32 KiB of packed lines, which stay in
-# the core's first-level cache while they are read once per call
-K_CHUNK = 32
+# 32-value blocks of the panel all rows of x meet before the next ones. AVX2, a row of x a call: 32 KiB of
+# packed lines, which stay in the core's first-level cache while every row reads them; VNNI, four rows a
+# call, the whole panel
+K_CHUNK = {"vnni": 1 << 30, "avx2": 32}
 # Values of a row a panel is packed by at a time, a group of 16 rows after the other, block by block across
 # the group's rows: the chunk of each row is read in a run of 1024 values, and the run after it is prefetched
 # (the hardware prefetcher does not follow 16 rows' streams)
@@ -195,19 +196,34 @@ def _panel_lines(b, base, index):
             for c in range(2)]
 
 
+def _store_rows(b, oa, acc, x0, col0):
+    """acc[r][c] to out[x0 + r, col0 + 16c..], the rows and columns out has."""
+    m, n = cgutils.unpack_tuple(b, oa.shape)
+    for r, row_accs in enumerate(acc):
+        row = b.add(x0, i64(r))
+        with b.if_then(b.icmp_signed("<", row, m)):
+            for c, a in enumerate(row_accs):
+                col = b.add(col0, i64(16 * c))
+                with b.if_then(b.icmp_signed("<", col, n)):
+                    store_first(b, b.gep(oa.data, [b.add(b.mul(row, n), col)]), b.load(a), b.sub(n, col))
+
+
 @intrinsic(prefer_literal=True)
-def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x0, partial, k0, k1):
-    """partial[x0.. x0 + CALL_ROWS[path] - 1, :32] (float32 [n', 32]) += rows x0.. of x (q int8 [n', 32nb], d
-    float32 [n', nb], sums int32 [n', 2nb]: each 16 values' sum of q) times the packed panel of `kind` over
-    its 32-value blocks k0.. k1 - 1, on `path` ("vnni" or "avx2"), term by term in block order."""
+def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x0, k0, k1, partial, out,
+                      col0):
+    """Rows x0.. x0 + CALL_ROWS[path] - 1 of x (q int8 [n', 32nb], d float32 [n', nb], sums int32 [n', 2nb]:
+    each 16 values' sum of q) times the packed panel of `kind` over its 32-value blocks k0.. k1 - 1, on
+    `path` ("vnni" or "avx2"), term by term in block order: added to their sums over the blocks before k0,
+    kept in partial [n', 32] float32, and where k1 is the last block, written to out[x0.., col0.. col0+31]
+    (the rows and columns out has), else to partial."""
     if not isinstance(kind, types.StringLiteral) or not isinstance(path, types.StringLiteral):
         return None
     name, on = kind.literal_value, path.literal_value
 
     def codegen(context, builder, sig, args):
-        pa, sa, ma, qa, da, ta, ua = (context.make_array(sig.args[i])(context, builder, args[i])
-                                      for i in (2, 3, 4, 5, 6, 7, 9))
-        x0, k0, k1 = args[8], args[10], args[11]
+        pa, sa, ma, qa, da, ta, ua, oa = (context.make_array(sig.args[i])(context, builder, args[i])
+                                          for i in (2, 3, 4, 5, 6, 7, 11, 12))
+        x0, k0, k1, col0 = args[8], args[9], args[10], args[13]
         b = builder
         nb = cgutils.unpack_tuple(b, da.shape)[1]
         n = CALL_ROWS[on]
@@ -216,8 +232,11 @@ def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x
         words = b.bitcast(pa.data, ir.PointerType(I32))
         sums_at = [[b.gep(ua.data, [b.add(b.mul(b.add(x0, i64(r)), i64(PANEL)), i64(16 * c))])
                     for c in range(2)] for r in range(n)]
-        acc = [[cgutils.alloca_once_value(b, load_vector(b, at, 0, F32, 16)) for at in row]
-               for row in sums_at]
+        acc = [[cgutils.alloca_once_value(b, ir.Constant(V16, None)) for _ in row] for row in sums_at]
+        with b.if_then(b.icmp_signed(">", k0, i64(0))):
+            for row, row_at in zip(acc, sums_at):
+                for a, at in zip(row, row_at):
+                    b.store(load_vector(b, at, 0, F32, 16), a)
         with cgutils.for_range_slice(b, k0, k1, i64(1)) as (k, _):
             halves = [[b.load(b.gep(ta.data, [b.add(b.mul(b.add(drows[r], k), i64(2)), i64(h))]))
                        for h in range(2)] for r in range(n)]
@@ -234,11 +253,15 @@ def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x
                     xs = b.fmul(dx[r], splat(b, b.sitofp(b.add(*halves[r]), F32)))
                     for c in range(2):
                         mac(b, acc[r][c], mn[c], xs)
-        for row, row_at in zip(acc, sums_at):
-            for a, at in zip(row, row_at):
-                store_vector(b, at, 0, b.load(a))
+        with b.if_else(b.icmp_signed("==", k1, nb)) as (last, before):
+            with last:
+                _store_rows(b, oa, acc, x0, col0)
+            with before:
+                for row, row_at in zip(acc, sums_at):
+                    for a, at in zip(row, row_at):
+                        store_vector(b, at, 0, b.load(a))
         return context.get_dummy_value()
-    return types.none(kind, path, packed, scales, mins, q, d, sums, x0, partial, k0, k1), codegen
+    return types.none(kind, path, packed, scales, mins, q, d, sums, x0, k0, k1, partial, out, col0), codegen
 
 
 def _rows_quantizer(parallel: bool):
@@ -273,7 +296,7 @@ def _driver(kind: str, path: str):
     """The product for `kind` on `path`: x float32 [n, >= 32nb'] @ W.T -> out float32 [n, rows], W `kind`
     data of nb whole blocks a row (nb' = nb * values per block / 32)."""
     per = BLOCKS[kind].size // 32
-    scales_per, call_rows = SCALES[kind], CALL_ROWS[path]
+    scales_per, call_rows, k_chunk = SCALES[kind], CALL_ROWS[path], K_CHUNK[path]
 
     def gemm(x, data, nb, out):
         if x.shape[0] * nb * per >= PARALLEL_BLOCKS:
@@ -286,13 +309,11 @@ def _driver(kind: str, path: str):
             scales = np.empty((nb * per * scales_per, PANEL), np.float32)
             mins = np.empty((nb * per, PANEL), np.float32)
             _pack_panel(kind, data, t * PANEL, nb, packed, scales, mins)
-            partial = np.zeros((q.shape[0], PANEL), np.float32)
-            for k0 in range(0, nb * per, K_CHUNK):
+            partial = np.empty((q.shape[0] if nb * per > k_chunk else 1, PANEL), np.float32)
+            for k0 in range(0, nb * per, k_chunk):
                 for x0 in range(0, q.shape[0], call_rows):
-                    _rows_times_panel(kind, path, packed, scales, mins, q, d, sums, x0, partial, k0,
-                                      min(nb * per, k0 + K_CHUNK))
-            width = min(PANEL, out.shape[1] - t * PANEL)
-            out[:, t * PANEL:t * PANEL + width] = partial[:out.shape[0], :width]
+                    _rows_times_panel(kind, path, packed, scales, mins, q, d, sums, x0, k0,
+                                      min(nb * per, k0 + k_chunk), partial, out, t * PANEL)
     gemm.__name__ = gemm.__qualname__ = f"gemm_{kind}_int8_{path}"
     return njit(parallel=True, cache=True)(gemm)
 
