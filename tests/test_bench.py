@@ -103,21 +103,24 @@ def test_a_nanoasr_child_on_the_tiny_checkpoint(tiny_dir):
 def test_isa_avx2_holds_every_child_and_the_report_says_so(monkeypatch, tmp_path):
     envs = []
 
-    def fake_run(cmd, env, capture_output, text):
+    def fake_run(cmd, env, capture_output, text, check=False):
         envs.append(env)
-        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps({"decode_ms_per_token": 1.0}) + "\n")
+        out = ["openblas 0.3 Haswell"] if "-c" in cmd else {"decode_ms_per_token": 1.0}  # the BLAS asked
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(out) + "\n")
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     monkeypatch.setattr(bench, "read_bandwidth", lambda threads: {"median": 20.0, "min": 18.0, "max": 21.0})
     monkeypatch.setattr(bench, "llama_system_info", lambda python: "AVX2 = 1")
     monkeypatch.setenv("OPENBLAS_CORETYPE", "Zen")  # as this machine's environment sets it
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "1")
     report = tmp_path / "performance.md"
     monkeypatch.setattr(sys, "argv", ["bench.py", "--model", "m-q8_0.gguf", "--transformers", "ckpt",
                                       "--llama-gguf", "qwen3-q8_0.gguf", "--rounds", "1", "--isa", "avx2",
                                       "--report", str(report)])
     assert bench.main() == 0
-    assert len(envs) == 4 and all(env["NUMBA_CPU_FEATURES"] == "+avx2,+fma,+f16c,+bmi2"
-                                  and env["OPENBLAS_CORETYPE"] == "Haswell"
+    assert len(envs) == 5 and all(env["NUMBA_CPU_FEATURES"] == "+avx2,+fma,+f16c,+bmi2"
+                                  and env["OPENBLAS_CORETYPE"] == "Haswell" and "OPENBLAS_L2_SIZE" not in env
                                   and env["ATEN_CPU_CAPABILITY"] == "avx2" for env in envs)
     text = report.read_text()
     assert ", held to AVX2" in text.splitlines()[2] and "NUMBA_CPU_NAME=haswell" in text
     assert "OPENBLAS_L2_SIZE unset" in text and "OPENBLAS_CORETYPE/" not in text
+    assert "- BLAS: openblas 0.3 Haswell;" in text

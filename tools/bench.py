@@ -13,8 +13,9 @@ them alike; every figure is the median over the rounds, with its minimum and max
 CPU and the features nanoasr chooses its kernels by, llama.cpp's own system information when
 llama-cpp-python is installed, and the machine's read bandwidth (a streaming sum over a buffer of 1 GiB or
 four times the last-level cache, on as many threads as the runs use), against which F16/BF16 decode steps
-are reported. `--isa avx2` holds every side to the instructions of an AVX2-only x86 CPU (ISA_ENVIRON), so
-that an AVX-512 machine measures the paths such CPUs run.
+are reported. `--isa avx2` holds every side to the instructions of an AVX2-only x86 CPU (tools/measure.py),
+so that an AVX-512 machine measures the paths such CPUs run; llama.cpp must then be a build without AVX-512
+(pass its Python as --llama-python; the report shows its system info).
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tools.measure import environ_without_blas_vars, last_level_cache_bytes, median_ms  # noqa: E402
+from tools.measure import (ISA_ENVIRON, environ_without_blas_vars, last_level_cache_bytes,  # noqa: E402
+                           median_ms)
 
 
 def peak_rss_mb() -> float:
@@ -271,18 +273,9 @@ CHILDREN = {"nanoasr": child_nanoasr, "transformers": child_transformers, "llama
 
 # --- driver -----------------------------------------------------------------------------------------
 
-# The environment each side's children get for --isa: "avx2" is an AVX2-only x86 CPU (AVX2, FMA, F16C, as
-# AMD's Zen 3): nanoasr's numba target (its paths follow it: nanoasr/kernels/target.py), OpenBLAS's Haswell
-# kernels, and Transformers' ATen, oneDNN and MKL dispatch. llama.cpp is held by its build: pass as
-# --llama-python one built without AVX-512 (docs/reports/README.md); the report shows its system info.
-ISA_ENVIRON = {"native": {}, "avx2": {
-    "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma,+f16c,+bmi2",
-    "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
-
 
 def run_child(kind: str, model: str, args, **extra) -> dict:
-    env = {**environ_without_blas_vars(), **ISA_ENVIRON[args.isa]}
+    env = environ_without_blas_vars(args.isa)
     python = args.llama_python if kind == "llama" else sys.executable
     cmd = [python, __file__, "child", kind, "--model", model, "--seconds", str(args.seconds),
            "--tokens", str(args.tokens), "--threads", str(args.threads), "--reference", args.reference,
@@ -303,9 +296,6 @@ def run_child(kind: str, model: str, args, **extra) -> dict:
 
 
 def machine(args) -> dict:
-    import numpy  # noqa: F401  (so threadpoolctl sees its BLAS)
-    from threadpoolctl import threadpool_info
-
     from nanoasr.cli import doctor
 
     info = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
@@ -318,10 +308,20 @@ def machine(args) -> dict:
     found = doctor.cpu()  # what `nanoasr doctor` reports under [cpu]: what the kernels are chosen by
     info["cpu_target"] = found["name"]
     info["cpu_features"] = " ".join(f if on else f"-{f}" for f, on in found["features"].items())
-    info["blas"] = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}"
-                    for i in threadpool_info()]
+    info["blas"] = blas_pools(getattr(args, "isa", "native"))
     info["llama_system_info"] = llama_system_info(args.llama_python)
     return info
+
+
+def blas_pools(isa: str) -> list[str]:
+    """The BLAS as the runs see it: asked in a process with their environment (OPENBLAS_CORETYPE picks its
+    kernels)."""
+    code = ("import json, numpy; from threadpoolctl import threadpool_info; print(json.dumps(["
+            "f\"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}\" "
+            "for i in threadpool_info()]))")
+    done = subprocess.run([sys.executable, "-c", code], env=environ_without_blas_vars(isa),
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
 
 
 def llama_system_info(python: str) -> str:

@@ -1,6 +1,7 @@
 """Many-row products (encoder, prefill) at the model's shapes: what widening the stored matrix costs.
 
     python tools/gemm_bench.py [--threads 2] [--rows 167 500 196 1568] [--dtypes bf16 q8_0 ...] [--json out]
+                               [--isa native|avx2]
 
 For more than backend.cpu.FUSED_ROWS rows nanoasr widens the stored matrix to float32 in a reused buffer and
 multiplies with BLAS. For each shape, row count and stored type this times, in ms per product (medians):
@@ -13,12 +14,13 @@ multiplies with BLAS. For each shape, row count and stored type this times, in m
   AMX bf16    (BF16 weights, on CPUs with AMX) the product with bf16 activations: rows rounded to bf16,
               AMX tiles reading the stored matrix (kernels/amx.py), BLAS kept to one thread as the model
               keeps it (first, after a pause: BLAS's threads spin for a while after the previous shape);
-  int8 GEMM   (Q8_0, Q4_K, Q6_K weights, on CPUs with AVX512-VNNI) the product with int8 activations: rows
-              quantized per 32 columns, weights packed per task (kernels/int8_gemm.py); BLAS kept to one
-              thread and a pause first, as for the tiles.
+  int8 GEMM   (Q8_0, Q4_K, Q6_K weights with AVX512-VNNI; Q4_K, Q6_K with AVX2) the product with int8
+              activations: rows quantized per 32 columns, weights packed per task (kernels/int8_gemm.py);
+              BLAS kept to one thread and a pause first, as for the tiles.
 The weights come from distinct copies of the matrix that overflow the last-level cache, as in a forward pass.
 Rows: 167 and 500 are the encoder's frames for 10 s and 30 s, 196 a prefill, 1568 eight prefills together.
-Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as users' machines have them.
+Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as users' machines have them, or with `--isa avx2`
+held to an AVX2-only CPU's instructions (tools/measure.py).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from tools.measure import median_ms, rerun_without_blas_vars  # noqa: E402
+from tools.measure import ISA_ENVIRON, median_ms, rerun_without_blas_vars  # noqa: E402
 
 rerun_without_blas_vars()
 
@@ -84,7 +86,7 @@ def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict
         time.sleep(0.3)
         with backend.threads(None, numba_products=True):  # BLAS kept to one thread, as the model keeps it
             ms["AMX bf16"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), rounded, reps)
-    if dtype in cpu.MATVEC_INT8_KINDS and host_path() is not None:
+    if host_path() is not None and dtype in cpu.GEMM_KINDS[host_path()]:
         int8 = [StoredTensor(c, dtype, (rows, cols), activations="int8") for c in copies]
         time.sleep(0.3)
         with backend.threads(None, numba_products=True):  # as the model runs it
@@ -103,6 +105,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", type=pathlib.Path)
+    ap.add_argument("--isa", default="native", choices=tuple(ISA_ENVIRON),
+                    help="avx2: held to an AVX2-only CPU's instructions (tools/measure.py; applied on start)")
     args = ap.parse_args(argv)
 
     import numba
@@ -113,7 +117,7 @@ def main(argv=None) -> int:
     print(f"threads {args.threads}, {platform.processor() or platform.machine()}; ms per product (median), "
           f"GFLOP/s in brackets\n")
     tiles = "bf16" in args.dtypes and amx.available()
-    int8 = host_path() is not None and any(d in cpu.MATVEC_INT8_KINDS for d in args.dtypes)
+    int8 = host_path() is not None and any(d in cpu.GEMM_KINDS[host_path()] for d in args.dtypes)
     columns = (("widen+BLAS", "BLAS f32", "tiled") + (("AMX bf16",) if tiles else ())
                + (("int8 GEMM",) if int8 else ()))
     print("| type | rows | shape | " + " | ".join(columns) + " | widening's share |")
