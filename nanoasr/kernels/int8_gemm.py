@@ -17,8 +17,8 @@ vpdpbusd steps are vpmaddubsw on the same packed lines (each pair of unsigned qu
 whose int16 sums are added over a run of fours (INT16_RUN) before one vpmaddwd widens them into the int32
 sums. The integer sums are the same, so both paths give the same bits. Q8_0's quants are signed, and
 vpmaddubsw needs one operand unsigned: |w| against x with w's sign is a sign step and a vpmaddwd per four,
-which was slower on AVX2 than BLAS on the widened matrix (docs/reports/many_rows.md), so GEMM_KINDS leaves
-Q8_0 there to widening.
+which in a trial ran no faster than BLAS on the widened matrix, so GEMM_KINDS leaves Q8_0 on AVX2 to
+widening (and its float32 sums).
 """
 from __future__ import annotations
 
