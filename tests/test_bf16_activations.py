@@ -10,7 +10,7 @@ from nanoasr.api import Model
 from nanoasr.backend import CPU, with_activations
 from nanoasr.backend import cpu as cpu_backend
 from nanoasr.cli import serve, transcribe
-from nanoasr.kernels import amx
+from nanoasr.kernels import amx, target
 from nanoasr.tensor import StoredTensor
 from tools.parity import stage_outputs, teacher_forced_logits
 from tools.synth import speech_like
@@ -138,10 +138,12 @@ def test_tiles_need_the_cpu_features(monkeypatch):
     without = {k: v for k, v in features.items() if not k.startswith("amx")}
     monkeypatch.setattr(llvm, "get_host_cpu_features", lambda: without)
     amx.available.cache_clear()
+    target.features.cache_clear()
     try:
         assert amx.available() is False
     finally:
         amx.available.cache_clear()
+        target.features.cache_clear()
 
 
 def test_bf16_activations_mark_the_bf16_matrices_only():
