@@ -130,9 +130,10 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
         if w.activations == "int8" and host_path() is not None:
             return cpu.matvec_int8(x, w.data, w.dtype, out_features, in_features, out, host_path())
         return cpu.matvec(x, w.data, w.dtype, out_features, in_features, out)
-    if _gemm_path(w) is not None:
+    gemm_path = _gemm_path(w)
+    if gemm_path is not None:
         return cpu.gemm_int8(x, w.data, w.dtype, out_features, in_features,
-                             np.empty((len(x), out_features), np.float32), _gemm_path(w))
+                             np.empty((len(x), out_features), np.float32), gemm_path)
     if w.dtype == "f32":
         return x @ w.data.T
     wide = cpu.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))
