@@ -9,11 +9,12 @@ import sys
 import llvmlite.binding as llvm
 import numpy as np
 import pytest
+from llvmlite import ir
 from numba.core import config
 
 from nanoasr import convert
 from nanoasr.backend import cpu as cpu_backend
-from nanoasr.kernels import amx, int8_dot, target
+from nanoasr.kernels import amx, int8_dot, target, vector_ir
 from nanoasr.model.load import load_checkpoint
 from tests.conftest import ROOT
 
@@ -51,6 +52,25 @@ def test_numba_features_limit_the_product_paths(numba_features):
     assert not amx.available()
     numba_features("")  # numba's "generic" target: no feature at all, the float32 paths
     assert int8_dot.host_path() is None and not any(target.features().values())
+
+
+@pytest.mark.parametrize("host, hint", [("znver4", (1, 8)), ("znver3", (1, 8)), ("sapphirerapids", (3, 4)),
+                                        ("haswell", (3, 4))])
+def test_the_weight_prefetch_follows_the_host_and_reaches_the_instruction(monkeypatch, host, hint):
+    """AMD's Zen cores prefetch into L2, further ahead; the locality is the one the emitted prefetch asks."""
+    monkeypatch.setattr(llvm, "get_host_cpu_name", lambda: host)
+    target.weight_prefetch.cache_clear()
+    try:
+        assert target.weight_prefetch() == hint
+        module = ir.Module()
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType(ir.IntType(8))]), "f")
+        builder = ir.IRBuilder(fn.append_basic_block())
+        vector_ir.prefetch(builder, fn.args[0])
+        builder.ret_void()
+        assert f"i32 0, i32 {hint[0]}, i32 1)" in str(module)
+    finally:
+        monkeypatch.undo()
+        target.weight_prefetch.cache_clear()
 
 
 AVX2_RUN = """

@@ -4,10 +4,10 @@ x comes packed as [cols/16, nx, 16] (16 columns of every row of x side by side, 
 columns that meet one 16-lane weight vector are nx consecutive vectors. Each weight vector is decoded once
 into a register and multiplied into all rows of x (one accumulator per row); two weight rows are decoded
 together, so each load of x feeds two FMAs and two weight streams are in flight; the partial-sum vectors of a
-weight row are reduced together once per pass over the columns (lane_sums). Weight lines of the next-but-one
-row pair are prefetched: the hardware prefetcher alone does not run far enough ahead. A row of x gets the
-same arithmetic in the same order whatever rows share its batch, so batched decoding picks the same tokens as
-decoding alone.
+weight row are reduced together once per pass over the columns (lane_sums). Weight lines a few rows ahead
+are prefetched (target.weight_prefetch): the hardware prefetcher alone does not run far enough ahead. A row
+of x gets the same arithmetic in the same order whatever rows share its batch, so batched decoding picks the
+same tokens as decoding alone.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from nanoasr.kernels import target
 from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, i64, lane_sums, load_vector, mac, pad16,
                                        prefetch, unrolled_loop)
@@ -62,7 +63,7 @@ class _RowsDot:
         accs = [[cgutils.alloca_once(b, V16) for _ in range(self.nx)] for _ in range(_PAIR)]
         step = max(1, _TILE // self.block.size)
         last = b.sub(rows, i64(1))
-        ahead = b.mul(stride, i64(2 * _PAIR))
+        ahead = b.mul(stride, i64(target.weight_prefetch()[1]))
         with cgutils.for_range(b, b.udiv(b.add(nb, i64(step - 1)), i64(step))) as tile:
             k0 = b.mul(tile.index, i64(step))
             left = b.sub(nb, k0)
@@ -89,7 +90,7 @@ class _RowsDot:
             xb = b.gep(self.packed.data, [b.mul(index, i64(block.size * self.nx))])
             sb = b.gep(self.sums.data, [b.mul(index, i64(16 * self.nx))])
             blks = [b.gep(w, [b.mul(index, i64(block.nbytes))]) for w in ptrs]
-            for blk in blks:  # the same block two row pairs on
+            for blk in blks:  # the same block some rows on
                 for line in range(0, block.nbytes, 64):
                     prefetch(b, b.gep(blk, [b.add(ahead, i64(line))]))
             self.block_fmas([self.decode(blk) for blk in blks], accs, xb, sb)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
+from nanoasr.kernels import target
+
 F32 = ir.FloatType()
 I8 = ir.IntType(8)
 I16 = ir.IntType(16)
@@ -88,11 +90,13 @@ def mac(builder, ptr, a, b):
 
 
 def prefetch(builder, ptr):
-    """Ask for the cache line at ptr (i8*). With several rows of x each weight line keeps the core busy for
-    many cycles, and the hardware prefetcher does not run far enough ahead of such a slow stream."""
+    """Ask for the cache line at ptr (i8*), into the cache level target.weight_prefetch names. With several
+    rows of x each weight line keeps the core busy for many cycles, and the hardware prefetcher does not run
+    far enough ahead of such a slow stream."""
     fnty = ir.FunctionType(ir.VoidType(), [ptr.type, I32, I32, I32])
     fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-    builder.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+    locality = target.weight_prefetch()[0]
+    builder.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, locality), ir.Constant(I32, 1)])
 
 
 def unrolled_loop(builder, count, unroll, body):
