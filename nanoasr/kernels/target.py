@@ -28,9 +28,10 @@ def features() -> dict[str, bool]:
 def weight_prefetch() -> tuple[int, int]:
     """(locality, rows ahead) of the software prefetches the decode products issue for their weight rows,
     chosen by the host's cache hierarchy (not the compile target: it is the memory that differs). On AMD's
-    Zen cores a prefetch into L1 (locality 3) streamed the weights hardly faster than none, while one into
-    L2 (locality 1) eight rows ahead read them 1.5-1.9x faster (tools/kernel_bench.py, Zen 4); elsewhere the
-    prefetch into L1 two row pairs ahead that the Intel Xeon was tuned with."""
+    Zen cores a prefetch into L1 (locality 3) two row pairs ahead held the streamed products to about half
+    the read bandwidth; into L2 (locality 1) eight rows ahead a decoder step's products ran 1.4-2.0x faster
+    (tools/kernel_bench.py on a Zen 4: docs/reports/performance.md). Elsewhere the prefetch into L1 two row
+    pairs ahead that the Intel Xeon was tuned with."""
     import llvmlite.binding as llvm
 
     return (1, 8) if llvm.get_host_cpu_name().startswith("znver") else (3, 4)
