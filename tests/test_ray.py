@@ -27,7 +27,7 @@ from tools.synth import speech_like
 ROOT = Path(__file__).resolve().parents[1]
 SR = 16000
 CORRUPT = b"RIFF\x10\x00\x00\x00WAVEfmt garbage"
-SLOW = ("--max-new-tokens", "400")  # the random model never stops by itself: about 0.6 s a clip here
+SLOW = ("--max-new-tokens", "400")  # the random model never stops by itself: the repetition guard ends a clip
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +60,15 @@ def clips(tmp_path_factory) -> Path:
     return root
 
 
+MANY = 12  # clips for the runs that are stopped or lose a worker on the way
+
+
 @pytest.fixture(scope="module")
 def many(tmp_path_factory) -> Path:
-    """12 clips of 1 s, for the runs that are stopped or lose a worker on the way."""
+    """MANY clips of 1 s, for the runs that are stopped or lose a worker on the way."""
     root = tmp_path_factory.mktemp("ray") / "many"
     root.mkdir()
-    for i in range(12):
+    for i in range(MANY):
         soundfile.write(root / f"m{i:02d}.wav", speech_like(1.0, seed=60 + i), SR)
     return root
 
@@ -301,7 +304,7 @@ def test_batch_resumes_a_stopped_run(cluster, many, tiny_dir, tmp_path):
     code, err = finish(first)
     assert code == 130, err
     done = manifest_of(out)
-    assert 2 <= len(done) < 12, "the run was not stopped halfway"
+    assert 2 <= len(done) < MANY, "the run was not stopped halfway"
     assert not list(out.glob(".*")), "a partial file was left behind"
     written = {}
     for line in done:
@@ -313,7 +316,7 @@ def test_batch_resumes_a_stopped_run(cluster, many, tiny_dir, tmp_path):
 
     code, err = finish(nanoasr(*command))
     assert code == 0, err
-    assert f"{12 - len(done)} transcribed, 0 failed, {len(done)} done before" in err
+    assert f"{MANY - len(done)} transcribed, 0 failed, {len(done)} done before" in err
     lines = manifest_of(out)
     assert sorted(line["path"] for line in lines) == sorted(str(p) for p in many.iterdir())
     assert lines[:len(done)] == done
@@ -329,7 +332,7 @@ def test_batch_survives_a_killed_worker(cluster, many, tiny_dir, tmp_path):
               if "MapBatches(Transcriber)" in title(p)]
     assert actors, "no actor process found"
     actors[0].kill()
-    assert len(manifest_of(out)) < 12, "the run ended before a worker was killed"
+    assert len(manifest_of(out)) < MANY, "the run ended before a worker was killed"
     code, err = finish(run)
     assert code == 0, err
     lines = manifest_of(out)

@@ -54,14 +54,14 @@ def test_numba_features_limit_the_product_paths(numba_features):
     assert int8_dot.host_path() is None and not any(target.features().values())
 
 
-@pytest.mark.parametrize("host, hint", [("znver4", (1, 8)), ("znver3", (1, 8)), ("sapphirerapids", (3, 4)),
-                                        ("haswell", (3, 4))])
-def test_the_weight_prefetch_follows_the_host_and_reaches_the_instruction(monkeypatch, host, hint):
+@pytest.mark.parametrize("host, hint, cache", [("znver4", (1, 8), "L2"), ("znver3", (1, 8), "L2"),
+                                               ("sapphirerapids", (3, 4), "L1"), ("haswell", (3, 4), "L1")])
+def test_the_weight_prefetch_follows_the_host_and_reaches_the_instruction(monkeypatch, host, hint, cache):
     """AMD's Zen cores prefetch into L2, further ahead; the locality is the one the emitted prefetch asks."""
     monkeypatch.setattr(llvm, "get_host_cpu_name", lambda: host)
     target.weight_prefetch.cache_clear()
     try:
-        assert target.weight_prefetch() == hint
+        assert target.weight_prefetch() == hint and target.weight_prefetch().cache == cache
         module = ir.Module()
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType(ir.IntType(8))]), "f")
         builder = ir.IRBuilder(fn.append_basic_block())

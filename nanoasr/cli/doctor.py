@@ -118,13 +118,13 @@ def kernels() -> dict:
     from nanoasr.kernels.int8_dot import host_path
 
     path = host_path()
-    locality, rows_ahead = target.weight_prefetch()
+    prefetch = target.weight_prefetch()
     return {"int8_decode": f"int8 ({path})" if path else "float32 (no AVX2)",
             "int8_many_rows": {"vnni": "int8 GEMM (vnni)",
                                "avx2": "int8 GEMM (avx2) for Q4_K/Q6_K, Q8_0 float32 (widening + BLAS)",
                                None: "float32 (widening + BLAS)"}[path],
             "bf16_many_rows": "AMX tiles" if amx.available() else "BLAS on bf16-rounded rows",
-            "weight_prefetch": f"into {'L1' if locality == 3 else 'L2'}, {rows_ahead} rows ahead"}
+            "weight_prefetch": f"into {prefetch.cache}, {prefetch.rows_ahead} rows ahead"}
 
 
 def _proc_flags() -> dict:

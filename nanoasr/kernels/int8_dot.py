@@ -152,7 +152,7 @@ class _Int8RowsDot(_RowsDot):
             at = b.add(b.udiv(k0, i64(2)), pair)
             blks = [[b.gep(w, [b.mul(b.add(k0, k), i64(34))]) for k in (first, second)] for w in ptrs]
             for pair_blks in blks:
-                for line in (0, 64):  # 68 bytes a step: the lines of the same step some rows on
+                for line in (0, 64):  # 68 bytes a step: the same step's lines `ahead` rows on
                     prefetch(b, b.gep(pair_blks[0], [b.add(ahead, i64(line))]))
             quants = [concatenated(b, [load_vector(b, k, 2, I8, 32) for k in pair_blks])
                       for pair_blks in blks]
@@ -224,7 +224,7 @@ class _Q4KInt8(_Int8RowsDot):
         def step(index):
             block = b.add(k0, index)
             blks = [b.gep(w, [b.mul(block, i64(self.block.nbytes))]) for w in ptrs]
-            for blk in blks:  # the same block some rows on
+            for blk in blks:  # the same block `ahead` rows on
                 for line in range(0, self.block.nbytes, 64):
                     prefetch(b, b.gep(blk, [b.add(ahead, i64(line))]))
             scales, negmins = self.scales(blks)  # the rows' side by side

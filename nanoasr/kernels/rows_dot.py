@@ -63,7 +63,7 @@ class _RowsDot:
         accs = [[cgutils.alloca_once(b, V16) for _ in range(self.nx)] for _ in range(_PAIR)]
         step = max(1, _TILE // self.block.size)
         last = b.sub(rows, i64(1))
-        ahead = b.mul(stride, i64(target.weight_prefetch()[1]))
+        ahead = b.mul(stride, i64(target.weight_prefetch().rows_ahead))
         with cgutils.for_range(b, b.udiv(b.add(nb, i64(step - 1)), i64(step))) as tile:
             k0 = b.mul(tile.index, i64(step))
             left = b.sub(nb, k0)
@@ -90,7 +90,7 @@ class _RowsDot:
             xb = b.gep(self.packed.data, [b.mul(index, i64(block.size * self.nx))])
             sb = b.gep(self.sums.data, [b.mul(index, i64(16 * self.nx))])
             blks = [b.gep(w, [b.mul(index, i64(block.nbytes))]) for w in ptrs]
-            for blk in blks:  # the same block some rows on
+            for blk in blks:  # the same block `ahead` rows on
                 for line in range(0, block.nbytes, 64):
                     prefetch(b, b.gep(blk, [b.add(ahead, i64(line))]))
             self.block_fmas([self.decode(blk) for blk in blks], accs, xb, sb)

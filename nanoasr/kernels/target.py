@@ -6,6 +6,7 @@ product paths, ask here, so that they never emit what the compiled code's target
 from __future__ import annotations
 
 from functools import cache
+from typing import NamedTuple
 
 
 @cache
@@ -24,14 +25,25 @@ def features() -> dict[str, bool]:
     return {name: on and name in asked for name, on in host.items()}
 
 
+class WeightPrefetch(NamedTuple):
+    locality: int  # llvm.prefetch's: 3 into L1 (x86 prefetcht0), 1 into L2 (prefetcht2)
+    rows_ahead: int  # how far ahead of the weight row being read, in rows
+
+    @property
+    def cache(self) -> str:
+        return "L1" if self.locality == 3 else "L2"
+
+
 @cache
-def weight_prefetch() -> tuple[int, int]:
-    """(locality, rows ahead) of the software prefetches the decode products issue for their weight rows,
-    chosen by the host's cache hierarchy (not the compile target: it is the memory that differs). On AMD's
-    Zen cores a prefetch into L1 (locality 3) two row pairs ahead held the streamed products to about half
-    the read bandwidth; into L2 (locality 1) eight rows ahead a decoder step's products ran 1.4-2.0x faster
-    (tools/kernel_bench.py on a Zen 4: docs/reports/performance.md). Elsewhere the prefetch into L1 two row
-    pairs ahead that the Intel Xeon was tuned with."""
+def weight_prefetch() -> WeightPrefetch:
+    """The software prefetches the stored-weight products issue for their weight rows (decode products and
+    the int8 GEMM), chosen by the host's cache hierarchy (not the compile target: it is the memory that
+    differs). On AMD's Zen cores a prefetch into L1 two row pairs ahead held the streamed decode products to
+    about half the read bandwidth; into L2 eight rows ahead a decoder step's products ran 1.4-2.0x faster,
+    except float32 rows over Q4_K, which their arithmetic holds (tools/kernel_bench.py on a Zen 4:
+    docs/reports/performance.md). Elsewhere the prefetch into L1 two row pairs ahead that the Intel Xeon
+    was tuned with."""
     import llvmlite.binding as llvm
 
-    return (1, 8) if llvm.get_host_cpu_name().startswith("znver") else (3, 4)
+    zen = llvm.get_host_cpu_name().startswith("znver")
+    return WeightPrefetch(locality=1, rows_ahead=8) if zen else WeightPrefetch(locality=3, rows_ahead=4)

@@ -95,8 +95,8 @@ def prefetch(builder, ptr):
     far enough ahead of such a slow stream."""
     fnty = ir.FunctionType(ir.VoidType(), [ptr.type, I32, I32, I32])
     fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-    locality = target.weight_prefetch()[0]
-    builder.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, locality), ir.Constant(I32, 1)])
+    locality = ir.Constant(I32, target.weight_prefetch().locality)
+    builder.call(fn, [ptr, ir.Constant(I32, 0), locality, ir.Constant(I32, 1)])
 
 
 def unrolled_loop(builder, count, unroll, body):
