@@ -8,7 +8,7 @@ from gguf.quants import dequantize
 
 from nanoasr import ops
 from nanoasr.kernels import cpu
-from nanoasr.kernels.int8_dot import PATHS, host_path
+from nanoasr.kernels.int8_dot import KINDS, PATHS, host_path
 from nanoasr.tensor import StoredTensor
 
 # "gemm_vnni", "gemm_avx2": cpu.gemm_int8, the many-row product, on each path
@@ -44,10 +44,7 @@ def random_weights(rng, kind, rows, cols):
 def product(x, data, kind, rows, path):
     out = np.full((len(x), rows), np.nan, np.float32)
     if path in GEMMS:
-        on = path.removeprefix("gemm_")
-        if kind not in cpu.GEMM_KINDS[on]:
-            pytest.skip(f"the int8 GEMM's {on} path leaves {kind} to widening")
-        return cpu.gemm_int8(x, data, kind, rows, x.shape[1], out, on)
+        return cpu.gemm_int8(x, data, kind, rows, x.shape[1], out, path.removeprefix("gemm_"))
     return cpu.matvec_int8(x, data, kind, rows, x.shape[1], out, path)
 
 
@@ -209,9 +206,6 @@ def test_int8_product_refuses_wrong_arguments():
     with pytest.raises(ValueError, match="out must have"):
         cpu.gemm_int8(np.zeros((9, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
                       np.zeros((8, 4), np.float32), "vnni")
-    with pytest.raises(ValueError, match="the int8 GEMM's avx2 path takes q4_k, q6_k weights; got 'q8_0'"):
-        cpu.gemm_int8(np.zeros((9, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
-                      np.zeros((9, 4), np.float32), "avx2")
 
 
 @paths
@@ -224,39 +218,45 @@ def test_int8_product_uses_the_integer_instructions(path, kind, nbytes):
     from nanoasr.kernels.int8_gemm import GEMM_INT8
 
     on = path.removeprefix("gemm_")
-    if path in GEMMS and kind not in cpu.GEMM_KINDS[on]:
-        pytest.skip(f"the int8 GEMM's {on} path leaves {kind} to widening")
     fresh = njit(parallel=True)((GEMM_INT8 if path in GEMMS else MATVEC_INT8)[kind, on].py_func)
     per = 32 if kind == "q8_0" else 256
     fresh(np.ones((1, 2 * per), np.float32), np.zeros((4, 2 * nbytes), np.uint8), 2,
           np.empty((1, 4), np.float32))
     asm = "".join(fresh.inspect_asm().values())
+    widened = "\tvpmaddwd\t" in asm or "\tvpdpwssd\t" in asm  # where VNNI is present LLVM fuses vpmaddwd
+    # with the add after it into vpdpwssd
     if on == "vnni":
         assert "\tvpdpbusd\t" in asm
-    else:  # where VNNI is present LLVM fuses vpmaddwd with the add after it into vpdpwssd
-        assert "\tvpmaddubsw\t" in asm and ("\tvpmaddwd\t" in asm or "\tvpdpwssd\t" in asm)
+    elif path == "gemm_avx2" and kind == "q8_0":  # int16 pairs of signed quants
+        assert widened and "\tvpmaddubsw\t" not in asm
+    else:
+        assert "\tvpmaddubsw\t" in asm and widened
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=[pytest.mark.cpu_path, pytest.mark.skipif(
     p not in RUNNABLE, reason=f"this CPU cannot run the {p} path")]) for p in GEMMS])
-@pytest.mark.parametrize("kind", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("sign", [1, -1])
 def test_int8_gemm_int16_sums_do_not_saturate(path, kind, sign):
-    """Every quant at its largest (Q4_K 15, Q6_K 63: the AVX2 path adds their int16 pair sums over a run of
-    fours before widening them) against x of +-127: the exact integer dot product, on both paths."""
+    """Every quant at its extreme (Q4_K 15, Q6_K 63: the AVX2 path adds their int16 pair sums over a run of
+    fours before widening them; Q8_0 -128) against x of +-127: the exact integer dot product, on both
+    paths."""
     rows, cols, n = 32, 512, 9
-    if kind == "q4_k":
+    if kind == "q8_0":
+        data = q8_0(np.ones((rows, cols // 32)), np.full((rows, cols // 32, 32), -128))
+    elif kind == "q4_k":
         blocks = np.zeros((rows, cols // 256, 144), np.uint8)
         blocks[..., 0:4] = np.array([1.0, 0.0], np.float16).view(np.uint8)  # d = 1, dmin = 0
         blocks[..., 4:16] = [1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]  # every scale 1, every min 0
         blocks[..., 16:] = 0xFF
+        data = blocks.reshape(rows, -1)
     else:
         blocks = np.full((rows, cols // 256, 210), 0xFF, np.uint8)  # quants 63: values 31
         blocks[..., 192:208] = 1
         blocks[..., 208:210] = np.array([1.0], np.float16).view(np.uint8)
-    data = blocks.reshape(rows, -1)
+        data = blocks.reshape(rows, -1)
     values = dequantize(data, GGMLQuantizationType[kind.upper()]).astype(np.int64)
-    assert values.max() == values.min() == (15 if kind == "q4_k" else 31)
+    assert values.max() == values.min() == {"q8_0": -128, "q4_k": 15, "q6_k": 31}[kind]
     x = np.full((n, cols), 127 * sign, np.int64)
     got = product(x.astype(np.float32), data, kind, rows, path)
     assert np.array_equal(got, (x @ values.T).astype(np.float32))
@@ -264,7 +264,8 @@ def test_int8_gemm_int16_sums_do_not_saturate(path, kind, sign):
 
 @pytest.mark.cpu_path
 @pytest.mark.skipif(host_path() != "vnni", reason="this CPU cannot run both GEMM paths")
-@pytest.mark.parametrize("kind, rows, cols", [("q4_k", 37, 256 * 3), ("q6_k", 33, 256 * 5)])
+@pytest.mark.parametrize("kind, rows, cols", [("q8_0", 35, 32 * 21), ("q4_k", 37, 256 * 3),
+                                              ("q6_k", 33, 256 * 5)])
 @pytest.mark.parametrize("n", [9, 13, 42])
 def test_int8_gemm_paths_give_the_same_bits(kind, rows, cols, n):
     """The same integer sums, scaled and added in the same order: a model gives the same numbers with AVX2

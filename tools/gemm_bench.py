@@ -14,7 +14,7 @@ multiplies with BLAS. For each shape, row count and stored type this times, in m
   AMX bf16    (BF16 weights, on CPUs with AMX) the product with bf16 activations: rows rounded to bf16,
               AMX tiles reading the stored matrix (kernels/amx.py), BLAS kept to one thread as the model
               keeps it (first, after a pause: BLAS's threads spin for a while after the previous shape);
-  int8 GEMM   (Q8_0, Q4_K, Q6_K weights with AVX512-VNNI; Q4_K, Q6_K with AVX2) the product with int8
+  int8 GEMM   (Q8_0, Q4_K, Q6_K weights, with AVX512-VNNI or AVX2) the product with int8
               activations: rows quantized per 32 columns, weights packed per task (kernels/int8_gemm.py);
               BLAS kept to one thread and a pause first, as for the tiles.
 The weights come from distinct copies of the matrix that overflow the last-level cache, as in a forward pass.
@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 from nanoasr import backend  # noqa: E402
 from nanoasr.backend import cpu as cpu_backend  # noqa: E402
 from nanoasr.kernels import amx, cpu  # noqa: E402
+from nanoasr.kernels.int8_dot import KINDS as MATVEC_INT8_KINDS  # noqa: E402
 from nanoasr.kernels.int8_dot import host_path  # noqa: E402
 from nanoasr.tensor import StoredTensor  # noqa: E402
 from tools.kernel_bench import COLD_BYTES, stored_matrix  # noqa: E402
@@ -86,7 +87,7 @@ def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict
         time.sleep(0.3)
         with backend.threads(None, numba_products=True):  # BLAS kept to one thread, as the model keeps it
             ms["AMX bf16"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), rounded, reps)
-    if host_path() is not None and dtype in cpu.GEMM_KINDS[host_path()]:
+    if host_path() is not None and dtype in MATVEC_INT8_KINDS:
         int8 = [StoredTensor(c, dtype, (rows, cols), activations="int8") for c in copies]
         time.sleep(0.3)
         with backend.threads(None, numba_products=True):  # as the model runs it
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
     print(f"threads {args.threads}, {platform.processor() or platform.machine()}; ms per product (median), "
           f"GFLOP/s in brackets\n")
     tiles = "bf16" in args.dtypes and amx.available()
-    int8 = host_path() is not None and any(d in cpu.GEMM_KINDS[host_path()] for d in args.dtypes)
+    int8 = host_path() is not None and any(d in MATVEC_INT8_KINDS for d in args.dtypes)
     columns = (("widen+BLAS", "BLAS f32", "tiled") + (("AMX bf16",) if tiles else ())
                + (("int8 GEMM",) if int8 else ()))
     print("| type | rows | shape | " + " | ".join(columns) + " | widening's share |")

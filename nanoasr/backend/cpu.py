@@ -16,7 +16,8 @@ from nanoasr.kernels.int8_dot import host_path
 from nanoasr.tensor import StoredTensor, take_rows, widen
 
 # Up to this many rows (batched decode, the last prefill position) stream the stored blocks once through
-# the fused kernels; more rows (encoder, prefill) widen the matrix once and use BLAS.
+# the fused kernels; more rows (encoder, prefill) go through the int8 GEMM where the weights are marked for
+# it, else widen the matrix once and use BLAS.
 FUSED_ROWS = 8
 _scratch = threading.local()
 # Elementwise kernels split their rows over numba's threads (while numba runs the products) from this many
@@ -125,33 +126,24 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
         if len(x) > FUSED_ROWS and amx.available():
             return amx.products(x, amx.weight_rows(w.data), np.empty((len(x), out_features), np.float32))
         x = ops.rows_bf16_xp(x)  # the same rows for the float products below
+    if w.activations == "int8" and host_path() is not None:  # few rows streamed, many through the GEMM
+        product = cpu.matvec_int8 if len(x) <= FUSED_ROWS else cpu.gemm_int8
+        return product(x, w.data, w.dtype, out_features, in_features,
+                       np.empty((len(x), out_features), np.float32), host_path())
     if len(x) <= FUSED_ROWS:
-        out = np.empty((len(x), out_features), np.float32)
-        if w.activations == "int8" and host_path() is not None:
-            return cpu.matvec_int8(x, w.data, w.dtype, out_features, in_features, out, host_path())
-        return cpu.matvec(x, w.data, w.dtype, out_features, in_features, out)
-    gemm_path = _gemm_path(w)
-    if gemm_path is not None:
-        return cpu.gemm_int8(x, w.data, w.dtype, out_features, in_features,
-                             np.empty((len(x), out_features), np.float32), gemm_path)
+        return cpu.matvec(x, w.data, w.dtype, out_features, in_features,
+                          np.empty((len(x), out_features), np.float32))
     if w.dtype == "f32":
         return x @ w.data.T
     wide = cpu.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))
     return x @ wide.T
 
 
-def _gemm_path(w) -> str | None:
-    """The int8 GEMM's path for w's many-row products (int8_gemm.GEMM_KINDS), or None: widening + BLAS."""
-    path = host_path()
-    marked = getattr(w, "activations", None) == "int8"
-    return path if marked and path is not None and w.dtype in cpu.GEMM_KINDS[path] else None
-
-
 def numba_products(weights: dict) -> bool:
     """Whether numba's kernels run the large products: AMX tiles for weights placed for bf16 activations, the
-    int8 GEMM for weights placed for int8 activations that it takes on this CPU."""
+    int8 GEMM for weights placed for int8 activations where this CPU has an integer path."""
     marks = {getattr(t, "activations", None) for t in weights.values()}
-    return amx.available() and "bf16" in marks or any(_gemm_path(t) for t in weights.values())
+    return amx.available() and "bf16" in marks or host_path() is not None and "int8" in marks
 
 
 def _widen_buffer(rows: int, cols: int) -> np.ndarray:

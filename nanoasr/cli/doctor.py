@@ -120,9 +120,7 @@ def kernels() -> dict:
     path = host_path()
     prefetch = target.weight_prefetch()
     return {"int8_decode": f"int8 ({path})" if path else "float32 (no AVX2)",
-            "int8_many_rows": {"vnni": "int8 GEMM (vnni)",
-                               "avx2": "int8 GEMM (avx2) for Q4_K/Q6_K, Q8_0 float32 (widening + BLAS)",
-                               None: "float32 (widening + BLAS)"}[path],
+            "int8_many_rows": f"int8 GEMM ({path})" if path else "float32 (widening + BLAS)",
             "bf16_many_rows": "AMX tiles" if amx.available() else "BLAS on bf16-rounded rows",
             "weight_prefetch": f"into {prefetch.cache}, {prefetch.rows_ahead} rows ahead"}
 

@@ -13,7 +13,7 @@ import numpy as np
 from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.int8_dot import KINDS as MATVEC_INT8_KINDS
 from nanoasr.kernels.int8_dot import MATVEC_INT8
-from nanoasr.kernels.int8_gemm import GEMM_INT8, GEMM_KINDS
+from nanoasr.kernels.int8_gemm import GEMM_INT8
 from nanoasr.kernels.matvec import MATVEC
 from nanoasr.kernels.widen import WIDEN
 from nanoasr.storage import STORED_NUMPY
@@ -81,12 +81,9 @@ def gemm_int8(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int,
               path: str) -> np.ndarray:
     """out[B, rows] = x[B, cols] @ W.T for W in `dtype` (q8_0, q4_k, q6_k), x quantized per 32-column block to
     int8 as matvec_int8 quantizes it, for many rows of x: the weights packed once for all of them
-    (int8_gemm.py; path "vnni", or "avx2" for q4_k and q6_k: the same bits)."""
+    (int8_gemm.py; path "vnni" or "avx2": the same bits)."""
     if dtype not in MATVEC_INT8_KINDS:
         raise ValueError(f"int8 activations need q8_0, q4_k or q6_k weights; got {dtype!r}")
-    if dtype not in GEMM_KINDS[path]:
-        raise ValueError(f"the int8 GEMM's {path} path takes {', '.join(GEMM_KINDS[path])} weights; "
-                         f"got {dtype!r}")
     data = _product_operands(x, data, dtype, rows, cols, out)
     GEMM_INT8[dtype, path](x, data, cols // BLOCKS[dtype].size, out)
     return out

@@ -12,13 +12,14 @@ Q6_K; nothing for Q4_K), then one multiply-add each into float32 by dw * dx; Q4_
 dmin * m times dx times the sum of the block's int8. Out[r, j] sums these terms over the blocks in order: the
 decode kernel's terms, summed in another order. The numpy twin is nanoasr.ops.int8_matmul_xp.
 
-Two paths, as for decoding (int8_dot.PATHS): "vnni" as above, and "avx2" for Q4_K and Q6_K, where the
+Two paths, as for decoding (int8_dot.PATHS): "vnni" as above, and "avx2", where for Q4_K and Q6_K the
 vpdpbusd steps are vpmaddubsw on the same packed lines (each pair of unsigned quants times x into int16),
 whose int16 sums are added over a run of fours (INT16_RUN) before one vpmaddwd widens them into the int32
-sums. The integer sums are the same, so both paths give the same bits. Q8_0's quants are signed, and
-vpmaddubsw needs one operand unsigned: |w| against x with w's sign is a sign step and a vpmaddwd per four,
-which in a trial ran no faster than BLAS on the widened matrix, so GEMM_KINDS leaves Q8_0 on AVX2 to
-widening (and its float32 sums).
+sums. Q8_0's quants are signed, and vpmaddubsw needs one operand unsigned (|w| against x with w's sign
+costs a sign step per product); its AVX2 panel is packed in pairs instead: per 32 values, 16 lines of 64
+bytes, line p holding quants 2p, 2p+1 of each of 16 weight rows sign-extended to int16, which one vpmaddwd
+multiplies by a pair of x's int8 (as int16, broadcast) into int32 sums, with no offset to take back. The
+integer sums are the same, so both paths give the same bits.
 """
 from __future__ import annotations
 
@@ -32,22 +33,28 @@ from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.int8_dot import (KINDS, PATHS, pair_products, pair_sums, q4_k_quants, q4_k_scales,
                                       q6_k_quants, q6_k_scales, quantize_block, vpdpbusd)
 from nanoasr.kernels.quant_blocks import _f16x8
-from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, bytes_of, concatenated, i64, lanes, load_vector,
-                                       mac, prefetch, splat, store_first, store_vector, transposed)
+from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
+                                       load_vector, mac, prefetch, splat, store_first, store_vector,
+                                       transposed)
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
 X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 16 lanes
 # AVX2's 16 registers of 256 bits hold fewer: a row of x's int16 and float32 accumulators take 8
 CALL_ROWS = {"vnni": X_ROWS, "avx2": 1}
-# 32-value blocks of the panel all rows of x meet before the next ones. AVX2, a row of x a call: 32 KiB of
-# packed lines, which stay in the core's first-level cache while every row reads them; VNNI, four rows a
-# call, the whole panel
-K_CHUNK = {"vnni": 1 << 30, "avx2": 32}
+# Packed bytes of the panel all rows of x meet before the next ones. AVX2, a row of x a call: 32 KiB, which
+# stay in the core's first-level cache while every row reads them; VNNI, four rows a call, the whole panel
+K_CHUNK_BYTES = {"vnni": 1 << 40, "avx2": 32 << 10}
 # Values of a row a panel is packed by at a time, a group of 16 rows after the other, block by block across
 # the group's rows: the chunk of each row is read in a run of 1024 values, and the run after it is prefetched
 # (the hardware prefetcher does not follow 16 rows' streams)
 CHUNK = 1024
 SCALES = {"q8_0": 1, "q4_k": 1, "q6_k": 2}  # weight scales per 32 values
+
+
+def lines(kind: str, path: str) -> int:
+    """Packed lines of 64 bytes per 32 values of a group of 16 weight rows: 8 fours of bytes, or for Q8_0 on
+    AVX2 16 pairs of int16 (module docstring)."""
+    return 16 if kind == "q8_0" and path == "avx2" else 8
 
 
 def _block_scales(b, kind, blk):
@@ -74,19 +81,20 @@ def _scatter(b, v, base, stride):
 
 
 @intrinsic(prefer_literal=True)
-def _pack_panel(typingctx, kind, data, r0, nb, packed, scales, mins):
-    """packed [32nb', 2, 8, 64] uint8 = weight rows r0.. r0+31 of `kind` data with nb blocks a row (the last
-    row repeated past the end) as the kernel reads them (module docstring); scales [SCALES * nb', 32] and
-    mins [nb', 32] float32 (nb' = nb * values per block / 32): their scales and negated mins, per row. A group
-    of 16 rows' 32 values become its 8 lines in registers: each pair of rows i, i + 8 is one vector of 16
-    words, and the 8 vectors are transposed as two 8 x 8 blocks of words side by side."""
-    if not isinstance(kind, types.StringLiteral):
+def _pack_panel(typingctx, kind, path, data, r0, nb, packed, scales, mins):
+    """packed [32nb', 2, lines(kind, path), 64] uint8 = weight rows r0.. r0+31 of `kind` data with nb blocks
+    a row (the last row repeated past the end) as the kernel on `path` reads them (module docstring); scales
+    [SCALES * nb', 32] and mins [nb', 32] float32 (nb' = nb * values per block / 32): their scales and negated
+    mins, per row. A group of 16 rows' 32 values become its lines in registers: fours, each pair of rows
+    i, i + 8 one vector of 16 words, the 8 vectors transposed as two 8 x 8 blocks of words side by side;
+    pairs, each row one vector of 16 words (its int16 pairs), the 16 vectors transposed."""
+    if not isinstance(kind, types.StringLiteral) or not isinstance(path, types.StringLiteral):
         return None
-    name = kind.literal_value
+    name, count = kind.literal_value, lines(kind.literal_value, path.literal_value)
 
     def codegen(context, builder, sig, args):
-        da, pa, sa, ma = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (1, 4, 5, 6))
-        r0, nb = args[2], args[3]
+        da, pa, sa, ma = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (2, 5, 6, 7))
+        r0, nb = args[3], args[4]
         b = builder
         size, nbytes = BLOCKS[name].size, BLOCKS[name].nbytes
         rows = cgutils.unpack_tuple(b, da.shape)[0]
@@ -110,13 +118,14 @@ def _pack_panel(typingctx, kind, data, r0, nb, packed, scales, mins):
                     blks = [b.gep(row, [b.mul(k, i64(nbytes))]) for row in row_ptrs]
                     for blk in blks:
                         prefetch(b, b.gep(blk, [i64(per_chunk * nbytes)]))  # the row's next chunk
-                    _pack_group_block(b, name, blks, k, group, words, sa.data, ma.data)
+                    _pack_group_block(b, name, count, blks, k, group, words, sa.data, ma.data)
         return context.get_dummy_value()
-    return types.none(kind, data, r0, nb, packed, scales, mins), codegen
+    return types.none(kind, path, data, r0, nb, packed, scales, mins), codegen
 
 
-def _pack_group_block(b, name, blks, k, group, words, scales, mins):
-    """Block k of the 16 rows of a group (at blks) into the packed lines, their scales and negated mins."""
+def _pack_group_block(b, name, count, blks, k, group, words, scales, mins):
+    """Block k of the 16 rows of a group (at blks) into its `count` packed lines a 32 values, their scales and
+    negated mins."""
     first_sub = b.mul(k, i64(BLOCKS[name].size // 32))
     for j, blk in enumerate(blks):
         scale, negmins = _block_scales(b, name, blk)
@@ -125,6 +134,12 @@ def _pack_group_block(b, name, blks, k, group, words, scales, mins):
         if negmins is not None:
             _scatter(b, negmins, b.gep(mins, [b.add(b.mul(first_sub, i64(PANEL)), i64(16 * group + j))]),
                      PANEL)
+    if count == 16:  # Q8_0's pairs
+        rows = [b.bitcast(b.sext(load_vector(b, blk, 2, I8, 32), I16X32), I32X16) for blk in blks]
+        first = b.mul(b.add(b.mul(first_sub, i64(2)), i64(group)), i64(16 * 16))
+        for p, line in enumerate(transposed(b, rows)):
+            store_vector(b, b.gep(words, [first]), 16 * p, line)
+        return
     for c in range(BLOCKS[name].size // 64 or 1):
         runs = [_runs(b, name, blk, c) for blk in blks]
         for h in range(len(runs[0])):
@@ -136,9 +151,11 @@ def _pack_group_block(b, name, blks, k, group, words, scales, mins):
                 store_vector(b, b.gep(words, [first]), 16 * g, line)
 
 
-def _parts(b, name, halves, k):
-    """Block k's parts, each (the int32 sums' start per row of x, the fours of columns it spans, its scale's
-    index): the offset of the unsigned quants times x's sums (halves: each row's two sums of 16 q)."""
+def _parts(b, name, path, halves, k):
+    """Block k's parts, each (the int32 sums' start per row of x, the steps of its packed lines it spans, its
+    scale's index): the offset of the unsigned quants times x's sums (halves: each row's two sums of 16 q)."""
+    if name == "q8_0" and lines(name, path) == 16:  # signed pairs: no offset
+        return [([ir.Constant(I32, 0)] * len(halves), range(16), k)]
     if name == "q8_0":
         return [([b.mul(b.add(*hv), ir.Constant(I32, -128)) for hv in halves], range(8), k)]
     if name == "q4_k":
@@ -150,16 +167,25 @@ def _parts(b, name, halves, k):
 # AVX2: fours whose int16 pair sums are added before vpmaddwd widens them. Each pair of products is at most
 # 2 * 15 * 127 for Q4_K (eight such sums stay below 2^15) and 2 * 63 * 127 for Q6_K (two do).
 INT16_RUN = {"q4_k": 8, "q6_k": 2}
+I16X32, I32X16 = ir.VectorType(I16, 32), ir.VectorType(I32, 16)
 
 
-def _integer_sums(b, name, path, words, qrows, k, starts, fours):
-    """[row of x][group of 16 weight rows] <16 x i32>: starts + the products over the fours of block k."""
+def _integer_sums(b, name, path, words, qrows, k, starts, steps):
+    """[row of x][group of 16 weight rows] <16 x i32>: starts + the products over the steps (fours or pairs)
+    of block k."""
     sums = [[splat(b, start)] * 2 for start in starts]
+    if lines(name, path) == 16:
+        for p in steps:
+            w = [b.bitcast(line, I16X32) for line in _weight_lines(b, words, 16, k, p)]
+            sums = [[b.add(sums[r][c], _word_products(b, w[c], xp)) for c in range(2)]
+                    for r, xp in enumerate(_x_pairs(b, qrows, k, p))]
+        return sums
     run = INT16_RUN[name] if path == "avx2" else 1
-    for first in range(0, len(fours), run):
+    for first in range(0, len(steps), run):
         pairs = None  # AVX2: [row of x][group] the run's int16 pair sums, two halves
-        for g in fours[first:first + run]:
-            w, xbs = _weight_lines(b, words, k, g), _x_fours(b, qrows, k, g)
+        for g in steps[first:first + run]:
+            w = [b.bitcast(line, ir.VectorType(I8, 64)) for line in _weight_lines(b, words, 8, k, g)]
+            xbs = _x_fours(b, qrows, k, g)
             if path == "vnni":
                 sums = [[vpdpbusd(b, sums[r][c], w[c], xb) for c in range(2)] for r, xb in enumerate(xbs)]
                 continue
@@ -172,11 +198,30 @@ def _integer_sums(b, name, path, words, qrows, k, starts, fours):
     return sums
 
 
-def _weight_lines(b, words, k, g):
-    """The two groups' lines of four g of block k, <64 x i8> of unsigned quants each."""
-    line0 = b.mul(k, i64(2 * 8 * 16))
-    return [b.bitcast(load_vector(b, b.gep(words, [b.add(line0, i64(16 * (8 * c + g)))]), 0, I32, 16),
-                      ir.VectorType(I8, 64)) for c in range(2)]
+def _weight_lines(b, words, count, k, g):
+    """The two groups' lines g of block k (of `count` a block), <16 x i32> each."""
+    line0 = b.mul(k, i64(2 * count * 16))
+    return [load_vector(b, b.gep(words, [b.add(line0, i64(16 * (count * c + g)))]), 0, I32, 16)
+            for c in range(2)]
+
+
+def _x_pairs(b, qrows, k, p):
+    """Each row's pair p of x's int16 at block k, broadcast to <32 x i16>."""
+    out = []
+    for qrow in qrows:
+        pair = b.load(b.bitcast(b.gep(qrow, [b.add(b.mul(k, i64(32)), i64(2 * p))]), ir.PointerType(I32)))
+        pair.align = 2
+        out.append(b.bitcast(splat(b, pair), I16X32))
+    return out
+
+
+def _word_products(b, w, x):
+    """<16 x i32>: vpmaddwd on each 256-bit half of two <32 x i16>: each pair of int16 products summed."""
+    v16 = ir.VectorType(I16, 16)
+    madd = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VectorType(I32, 8), [v16] * 2),
+                                          "llvm.x86.avx2.pmadd.wd")
+    return concatenated(b, [b.call(madd, [lanes(b, v, range(16 * h, 16 * h + 16)) for v in (w, x)])
+                            for h in range(2)])
 
 
 def _x_fours(b, qrows, k, g):
@@ -211,11 +256,11 @@ def _store_rows(b, oa, acc, x0, col0):
 @intrinsic(prefer_literal=True)
 def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x0, k0, k1, partial, out,
                       col0):
-    """Rows x0.. x0 + CALL_ROWS[path] - 1 of x (q int8 [n', 32nb], d float32 [n', nb], sums int32 [n', 2nb]:
-    each 16 values' sum of q) times the packed panel of `kind` over its 32-value blocks k0.. k1 - 1, on
-    `path` ("vnni" or "avx2"), term by term in block order: added to their sums over the blocks before k0,
-    kept in partial [n', 32] float32, and where k1 is the last block, written to out[x0.., col0.. col0+31]
-    (the rows and columns out has), else to partial."""
+    """Rows x0.. x0 + CALL_ROWS[path] - 1 of x (q int8 [n', 32nb], int16 for the pairs layout; d float32
+    [n', nb]; sums int32 [n', 2nb]: each 16 values' sum of q) times the packed panel of `kind` over its
+    32-value blocks k0.. k1 - 1, on `path` ("vnni" or "avx2"), term by term in block order: added to their
+    sums over the blocks before k0, kept in partial [n', 32] float32, and where k1 is the last block, written
+    to out[x0.., col0.. col0+31] (the rows and columns out has), else to partial."""
     if not isinstance(kind, types.StringLiteral) or not isinstance(path, types.StringLiteral):
         return None
     name, on = kind.literal_value, path.literal_value
@@ -241,8 +286,8 @@ def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x
             halves = [[b.load(b.gep(ta.data, [b.add(b.mul(b.add(drows[r], k), i64(2)), i64(h))]))
                        for h in range(2)] for r in range(n)]
             dx = [splat(b, b.load(b.gep(da.data, [b.add(drows[r], k)]))) for r in range(n)]
-            for starts, fours, index in _parts(b, name, halves, k):
-                sums = _integer_sums(b, name, on, words, qrows, k, starts, fours)
+            for starts, steps, index in _parts(b, name, on, halves, k):
+                sums = _integer_sums(b, name, on, words, qrows, k, starts, steps)
                 dw = _panel_lines(b, sa.data, index)
                 for r in range(n):
                     for c in range(2):
@@ -292,23 +337,36 @@ PARALLEL_BLOCKS = 4096
 _quantized_rows, _quantized_rows_parallel = _rows_quantizer(False), _rows_quantizer(True)
 
 
+@njit(cache=True)
+def _as_int16(q):  # x's quants as the pairs layout's kernel reads them
+    return q.astype(np.int16)
+
+
+@njit(cache=True)
+def _as_int8(q):
+    return q
+
+
 def _driver(kind: str, path: str):
     """The product for `kind` on `path`: x float32 [n, >= 32nb'] @ W.T -> out float32 [n, rows], W `kind`
     data of nb whole blocks a row (nb' = nb * values per block / 32)."""
     per = BLOCKS[kind].size // 32
-    scales_per, call_rows, k_chunk = SCALES[kind], CALL_ROWS[path], K_CHUNK[path]
+    scales_per, call_rows, count = SCALES[kind], CALL_ROWS[path], lines(kind, path)
+    k_chunk = max(1, K_CHUNK_BYTES[path] // (2 * count * 64))
+    x_quants = _as_int16 if count == 16 else _as_int8
 
     def gemm(x, data, nb, out):
         if x.shape[0] * nb * per >= PARALLEL_BLOCKS:
             q, d, sums = _quantized_rows_parallel(x, nb * per)
         else:
             q, d, sums = _quantized_rows(x, nb * per)
+        q = x_quants(q)
         panels = (data.shape[0] + PANEL - 1) // PANEL
         for t in prange(panels):
-            packed = np.empty((nb * per, 2, 8, 64), np.uint8)
+            packed = np.empty((nb * per, 2, count, 64), np.uint8)
             scales = np.empty((nb * per * scales_per, PANEL), np.float32)
             mins = np.empty((nb * per, PANEL), np.float32)
-            _pack_panel(kind, data, t * PANEL, nb, packed, scales, mins)
+            _pack_panel(kind, path, data, t * PANEL, nb, packed, scales, mins)
             partial = np.empty((q.shape[0] if nb * per > k_chunk else 1, PANEL), np.float32)
             for k0 in range(0, nb * per, k_chunk):
                 for x0 in range(0, q.shape[0], call_rows):
@@ -318,5 +376,4 @@ def _driver(kind: str, path: str):
     return njit(parallel=True, cache=True)(gemm)
 
 
-GEMM_KINDS = {"vnni": KINDS, "avx2": ("q4_k", "q6_k")}  # the kinds each path multiplies (docstring)
-GEMM_INT8 = {(kind, path): _driver(kind, path) for path in PATHS for kind in GEMM_KINDS[path]}
+GEMM_INT8 = {(kind, path): _driver(kind, path) for path in PATHS for kind in KINDS}
