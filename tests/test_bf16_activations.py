@@ -1,7 +1,8 @@
 """bf16 activations: rows rounded to bf16 (as torch rounds them) times BF16 weights, and attention's operands
 likewise in the many-row forwards, with float32 sums: on AMX tiles where this CPU has them
-(nanoasr/kernels/amx.py), else BLAS on the rounded operands (nanoasr.ops.products_xp). The same tests run on
-either path; each checks which one ran."""
+(nanoasr/kernels/amx.py), else, for stored matrices, the bf16 GEMM where it has AVX512-BF16
+(nanoasr/kernels/bf16_gemm.py), else BLAS on the rounded operands (nanoasr.ops.products_xp). The same tests
+run on any path; each checks which one ran."""
 import numpy as np
 import pytest
 
@@ -10,7 +11,7 @@ from nanoasr.api import Model
 from nanoasr.backend import CPU, with_activations
 from nanoasr.backend import cpu as cpu_backend
 from nanoasr.cli import serve, transcribe
-from nanoasr.kernels import amx, target
+from nanoasr.kernels import amx, bf16_gemm, target
 from nanoasr.tensor import StoredTensor
 from tools.parity import stage_outputs, teacher_forced_logits
 from tools.synth import speech_like
@@ -33,14 +34,22 @@ def accumulation_bound(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (k + 2) * 2.0 ** -24 * (np.abs(rounded64(x)) @ np.swapaxes(np.abs(rounded64(y)), -1, -2))
 
 
-def counting_tile_calls(monkeypatch) -> list:
-    calls, real = [], amx.products
+def counting_calls(monkeypatch, module) -> list:
+    calls, real = [], module.products
 
     def spy(x, w, out):
         calls.append(x.shape)
         return real(x, w, out)
-    monkeypatch.setattr(amx, "products", spy)
+    monkeypatch.setattr(module, "products", spy)
     return calls
+
+
+def counting_tile_calls(monkeypatch) -> list:
+    return counting_calls(monkeypatch, amx)
+
+
+def rounded_bits(a: np.ndarray) -> np.ndarray:
+    return (torch_bf16(a).view(np.uint32) >> 16).astype(np.uint16)
 
 
 def test_rows_round_to_bf16_as_torch_does():
@@ -108,14 +117,15 @@ def test_stored_bf16_matrices_meet_rounded_rows(n, monkeypatch):
     of 560 columns is not a whole number of tile steps."""
     rng = np.random.default_rng(n)
     w = rng.standard_normal((80, 560)).astype(np.float32) * np.float32(0.05)
-    bits = (torch_bf16(w).view(np.uint32) >> 16).astype(np.uint16)
+    bits = rounded_bits(w)
     stored = StoredTensor(bits, "bf16", (80, 560), activations="bf16")
     x = rng.standard_normal((n, 560)).astype(np.float32)
-    calls = counting_tile_calls(monkeypatch)
+    calls, gemm_calls = counting_tile_calls(monkeypatch), counting_calls(monkeypatch, bf16_gemm)
     got = cpu_backend.stored_matmul(x, stored)
     wide = torch_bf16(w)
     assert np.all(np.abs(got - rounded64(x) @ wide.T.astype(np.float64)) <= accumulation_bound(x, wide))
     assert len(calls) == (n > cpu_backend.FUSED_ROWS and amx.available())
+    assert len(gemm_calls) == (n > cpu_backend.FUSED_ROWS and not amx.available() and bf16_gemm.available())
     exact = cpu_backend.stored_matmul(x, StoredTensor(bits, "bf16", (80, 560)))
     assert not np.array_equal(got, exact)
 
@@ -129,6 +139,47 @@ def test_tiles_refuse_mismatched_operands_and_a_process_without_them(monkeypatch
     monkeypatch.setattr(amx, "available", lambda: False)
     with pytest.raises(RuntimeError, match="cannot run AMX tiles"):
         amx.products(x, np.zeros((64, 64), np.uint16), out)
+
+
+gemm_path = [pytest.mark.cpu_path, pytest.mark.skipif(not bf16_gemm.available(), reason="no AVX512-BF16")]
+
+
+@pytest.mark.parametrize("m, n, k", [(37, 64, 64), (9, 33, 560), (300, 96, 100), (70, 1024, 1024)])
+@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize("path", [pytest.param("bf16_gemm", marks=gemm_path)])
+def test_bf16_gemm_products_are_the_products_of_the_rounded_operands(path, m, n, k, strided):
+    """Rows and columns that are and are not multiples of the panel's 32 and the call's 8 rows; x a strided
+    view too."""
+    rng = np.random.default_rng(m + n + k)
+    x = rng.standard_normal((m, 2 * k if strided else k)).astype(np.float32)[:, ::2 if strided else 1]
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    got = bf16_gemm.products(x, rounded_bits(w), np.full((m, n), np.nan, np.float32))
+    wide = torch_bf16(w)
+    want = rounded64(x) @ wide.T.astype(np.float64)
+    assert np.all(np.abs(got - want) <= accumulation_bound(x, wide))
+    unrounded = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert not np.all(np.abs(unrounded - want) <= accumulation_bound(x, wide))
+
+
+@pytest.mark.parametrize("path", [pytest.param("bf16_gemm", marks=gemm_path)])
+def test_bf16_gemm_uses_the_instruction(path):
+    """Compiled afresh: a driver loaded from numba's disk cache has no assembly text to show."""
+    from numba import njit
+
+    fresh = njit(parallel=True)(bf16_gemm._products.py_func)
+    fresh(np.zeros((32, 64), np.uint16), np.zeros((32, 64), np.uint16), np.empty((9, 32), np.float32))
+    assert "\tvdpbf16ps\t" in "".join(fresh.inspect_asm().values())
+
+
+def test_bf16_gemm_refuses_mismatched_operands_and_a_cpu_without_it(monkeypatch):
+    x, w = np.zeros((9, 64), np.float32), np.zeros((32, 64), np.uint16)
+    for bad_x, bad_w, bad_out in [(x, w, np.zeros((9, 31), np.float32)), (x, w[:, :32], np.zeros((9, 32))),
+                                  (x.astype(np.float64), w, np.zeros((9, 32), np.float32))]:
+        with pytest.raises(ValueError, match="bf16 GEMM products take"):
+            bf16_gemm.products(bad_x, bad_w, bad_out)
+    monkeypatch.setattr(bf16_gemm, "available", lambda: False)
+    with pytest.raises(RuntimeError, match="no AVX512-BF16"):
+        bf16_gemm.products(x, w, np.zeros((9, 32), np.float32))
 
 
 def test_tiles_need_the_cpu_features(monkeypatch):
@@ -155,7 +206,7 @@ def test_bf16_activations_mark_the_bf16_matrices_only():
     placed = bf16.place(tensors, set())
     assert {k: t.activations for k, t in placed.items()} == {
         "q8_0": "exact", "f16": "exact", "f32": "exact", "bf16": "bf16"}
-    assert bf16.numba_products(placed) == amx.available()
+    assert bf16.numba_products(placed) == (amx.available() or bf16_gemm.available())
     without_bf16 = {k: t for k, t in tensors.items() if k != "bf16"}
     assert not bf16.numba_products(bf16.place(without_bf16, set()))
     assert not CPU.numba_products(CPU.place(tensors, set()))
@@ -168,17 +219,20 @@ def forced_logits(model, steps=6):
 
 def test_bf16_activations_reach_every_large_product(tiny_model, monkeypatch):
     """The tiny BF16 checkpoint: encoder, adaptor and prefill products (weights and attention) on the tiles
-    where the CPU has them. The logits move off the exact ones, by a few bf16 units (2^-8 relative) of their
-    scale at most, on the tiles and on BLAS alike (the two differ by as much: a last-bit difference in a
-    float32 sum can move a later bf16 rounding by a unit)."""
+    where the CPU has them, else the stored matrices' on the bf16 GEMM where it has AVX512-BF16. The logits
+    move off the exact ones, by a few bf16 units (2^-8 relative) of their scale at most, on the tiles, the
+    GEMM and BLAS alike (they differ by as much: a last-bit difference in a float32 sum can move a later bf16
+    rounding by a unit)."""
     bf16 = Model(tiny_model.checkpoint, activations="bf16")
     assert {t.activations for t in bf16.weights.values() if isinstance(t, StoredTensor)} == {"bf16"}
-    calls = counting_tile_calls(monkeypatch)
+    calls, gemm_calls = counting_tile_calls(monkeypatch), counting_calls(monkeypatch, bf16_gemm)
     exact = forced_logits(tiny_model)
-    assert calls == []
+    assert calls == gemm_calls == []
     got = forced_logits(bf16)
     assert (len(calls) > 0) == amx.available()
+    assert (len(gemm_calls) > 0) == (not amx.available() and bf16_gemm.available())
     monkeypatch.setattr(amx, "available", lambda: False)
+    monkeypatch.setattr(bf16_gemm, "available", lambda: False)
     blas = forced_logits(Model(tiny_model.checkpoint, activations="bf16"))
     scale = np.abs(exact).max()
     for logits in (got, blas):

@@ -14,7 +14,7 @@ from numba.core import config
 
 from nanoasr import convert
 from nanoasr.backend import cpu as cpu_backend
-from nanoasr.kernels import amx, int8_dot, target, vector_ir
+from nanoasr.kernels import amx, bf16_gemm, int8_dot, target, vector_ir
 from nanoasr.model.load import load_checkpoint
 from tests.conftest import ROOT
 
@@ -26,7 +26,7 @@ HOST_AVX2 = bool(llvm.get_host_cpu_features().get("avx2"))
 def numba_features(monkeypatch):
     """Sets numba's NUMBA_CPU_FEATURES for the test; the cached answers are forgotten before and after."""
     def forget():
-        for asked in (target.features, int8_dot.host_path, amx.available):
+        for asked in (target.features, int8_dot.host_path, amx.available, bf16_gemm.available):
             asked.cache_clear()
 
     def set_features(value):
@@ -49,7 +49,7 @@ def test_numba_features_limit_the_product_paths(numba_features):
     got = target.features()
     assert {name for name, on in got.items() if on} == {f for f in ("avx2", "fma", "f16c") if host.get(f)}
     assert int8_dot.host_path() == ("avx2" if host.get("avx2") else None)
-    assert not amx.available()
+    assert not amx.available() and not bf16_gemm.available()
     numba_features("")  # numba's "generic" target: no feature at all, the float32 paths
     assert int8_dot.host_path() is None and not any(target.features().values())
 

@@ -14,6 +14,8 @@ multiplies with BLAS. For each shape, row count and stored type this times, in m
   AMX bf16    (BF16 weights, on CPUs with AMX) the product with bf16 activations: rows rounded to bf16,
               AMX tiles reading the stored matrix (kernels/amx.py), BLAS kept to one thread as the model
               keeps it (first, after a pause: BLAS's threads spin for a while after the previous shape);
+  bf16 GEMM   (BF16 weights, on CPUs with AVX512-BF16) the same product with vdpbf16ps, reading the stored
+              matrix (kernels/bf16_gemm.py), BLAS kept to one thread and a pause first;
   int8 GEMM   (Q8_0, Q4_K, Q6_K weights, with AVX512-VNNI or AVX2) the product with int8
               activations: rows quantized per 32 columns, weights packed per task (kernels/int8_gemm.py);
               BLAS kept to one thread and a pause first, as for the tiles.
@@ -42,7 +44,7 @@ import numpy as np  # noqa: E402
 
 from nanoasr import backend  # noqa: E402
 from nanoasr.backend import cpu as cpu_backend  # noqa: E402
-from nanoasr.kernels import amx, cpu  # noqa: E402
+from nanoasr.kernels import amx, bf16_gemm, cpu  # noqa: E402
 from nanoasr.kernels.int8_dot import KINDS as MATVEC_INT8_KINDS  # noqa: E402
 from nanoasr.kernels.int8_dot import host_path  # noqa: E402
 from nanoasr.tensor import StoredTensor  # noqa: E402
@@ -87,6 +89,10 @@ def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict
         time.sleep(0.3)
         with backend.threads(None, numba_products=True):  # BLAS kept to one thread, as the model keeps it
             ms["AMX bf16"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), rounded, reps)
+    if dtype == "bf16" and bf16_gemm.available():
+        time.sleep(0.3)
+        with backend.threads(None, numba_products=True):
+            ms["bf16 GEMM"] = per_call_ms(lambda w: bf16_gemm.products(x, w.data, out), stored, reps)
     if host_path() is not None and dtype in MATVEC_INT8_KINDS:
         int8 = [StoredTensor(c, dtype, (rows, cols), activations="int8") for c in copies]
         time.sleep(0.3)
@@ -119,8 +125,9 @@ def main(argv=None) -> int:
           f"GFLOP/s in brackets\n")
     tiles = "bf16" in args.dtypes and amx.available()
     int8 = host_path() is not None and any(d in MATVEC_INT8_KINDS for d in args.dtypes)
+    gemm = "bf16" in args.dtypes and bf16_gemm.available()
     columns = (("widen+BLAS", "BLAS f32", "tiled") + (("AMX bf16",) if tiles else ())
-               + (("int8 GEMM",) if int8 else ()))
+               + (("bf16 GEMM",) if gemm else ()) + (("int8 GEMM",) if int8 else ()))
     print("| type | rows | shape | " + " | ".join(columns) + " | widening's share |")
     print("|---|---|---|" + "---|" * (len(columns) + 1))
     rng = np.random.default_rng(0)

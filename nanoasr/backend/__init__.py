@@ -28,7 +28,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # parity reference); "int8" quantizes them per 32-column block and sums int8 products in int32, as ggml does
 # (CPU, Q8_0/Q4_K/Q6_K weights, few rows and many, where the CPU has AVX2 or AVX512-VNNI; elsewhere the
 # float path); "bf16" rounds them to bf16 against BF16 weights, as Transformers' bf16 profile does, with
-# float32 sums (CPU; many rows run on AMX tiles where the CPU has them).
+# float32 sums (CPU; many rows run on AMX tiles, or with AVX512-BF16, where the CPU has them).
 ACTIVATIONS = ("exact", "int8", "bf16")
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from nanoasr import ops
 from nanoasr.backend import NUMBA_PRODUCTS, Kernels, pages
-from nanoasr.kernels import amx, attention, blas_split, cpu, elementwise, softmax
+from nanoasr.kernels import amx, attention, bf16_gemm, blas_split, cpu, elementwise, softmax
 from nanoasr.kernels import decode_layer as layer_kernel
 from nanoasr.kernels.blocks import BLOCKS
 from nanoasr.kernels.int8_dot import host_path
@@ -125,6 +125,8 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
     if w.activations == "bf16":
         if len(x) > FUSED_ROWS and amx.available():
             return amx.products(x, amx.weight_rows(w.data), np.empty((len(x), out_features), np.float32))
+        if len(x) > FUSED_ROWS and bf16_gemm.available():
+            return bf16_gemm.products(x, w.data, np.empty((len(x), out_features), np.float32))
         x = ops.rows_bf16_xp(x)  # the same rows for the float products below
     if w.activations == "int8" and host_path() is not None:  # few rows streamed, many through the GEMM
         product = cpu.matvec_int8 if len(x) <= FUSED_ROWS else cpu.gemm_int8
@@ -140,10 +142,11 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
 
 
 def numba_products(weights: dict) -> bool:
-    """Whether numba's kernels run the large products: AMX tiles for weights placed for bf16 activations, the
-    int8 GEMM for weights placed for int8 activations where this CPU has an integer path."""
+    """Whether numba's kernels run the large products: AMX tiles or the bf16 GEMM for weights placed for bf16
+    activations, the int8 GEMM for weights placed for int8 activations, where this CPU has them."""
     marks = {getattr(t, "activations", None) for t in weights.values()}
-    return amx.available() and "bf16" in marks or host_path() is not None and "int8" in marks
+    bf16_products = amx.available() or bf16_gemm.available()
+    return bf16_products and "bf16" in marks or host_path() is not None and "int8" in marks
 
 
 def _widen_buffer(rows: int, cols: int) -> np.ndarray:

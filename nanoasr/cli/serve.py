@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "against Q8_0/Q4_K/Q6_K weights, as llama.cpp does (CPUs with AVX2 or "
                              "AVX512-VNNI); "
                              "bf16: rows rounded to bf16 against BF16 weights and in attention, as "
-                             "Transformers' bf16 does (AMX tiles where the CPU has them)")
+                             "Transformers' bf16 does (AMX tiles or AVX512-BF16 where the CPU has them)")
     parser.add_argument("--huge-pages", action="store_true",
                         help="read the weight matrices into a private copy in 2 MiB pages, from which "
                              "decoding streams them faster where the file's page cache is in 4 KiB pages "

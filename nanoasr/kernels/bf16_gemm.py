@@ -1,0 +1,153 @@
+"""Many rows rounded to bf16 times a stored BF16 matrix with AVX512-BF16 (vdpbf16ps), float32 sums: out =
+bf16(x) @ W.T, the AMX tiles' product (amx.py) for CPUs that have the instruction and no tiles (AMD Zen 4 and
+later, Intel Cooper Lake), without widening W to float32 for BLAS.
+
+x is rounded to bf16 and W padded as the tiles take them (amx.bf16_rows, amx.weight_rows: rows and columns
+up to multiples of 32, zeros there). Each task packs a panel of 32 rows of W: per 32 columns and group of 16
+rows, 16 lines of 64 bytes, line p holding columns 2p and 2p + 1 of each of the 16 rows (a transpose of the
+16 rows' words in registers). A kernel call takes 8 rows of x against the panel: per pair of columns, each
+row's pair of bf16 broadcast meets the two groups' lines in one vdpbf16ps each (16 float32 sums, each adding
+the two products), 16 accumulators of 16 lanes in all. The numpy twin is nanoasr.ops.products_xp (BLAS on the
+rounded operands).
+
+LLVM takes the instruction's operands as vectors of bfloat, a type llvmlite's IR builder lacks: _BFloat
+names it.
+"""
+from __future__ import annotations
+
+import platform
+from functools import cache
+
+import numpy as np
+from llvmlite import ir
+from llvmlite.ir import types as ir_types
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from nanoasr.kernels import amx, target
+from nanoasr.kernels.vector_ir import (I8, I32, V16, i64, load_vector, prefetch, splat, store_first,
+                                       store_vector, transposed)
+
+PANEL = 32  # weight rows a task packs: two groups of 16
+X_ROWS = 8  # rows of x per kernel call: 16 accumulators of the 32 AVX-512 registers
+COLS = 32  # columns per packed block: a line of 64 bytes per row
+
+
+class _BFloat(ir_types._BaseFloatType):
+    """LLVM's bfloat, as llvmlite's own float types are made (one instance)."""
+    null = "0.0"
+    intrinsic_name = "bf16"
+
+    def __str__(self):
+        return "bfloat"
+
+
+_BFloat._create_instance()
+BF16X32 = ir.VectorType(_BFloat(), 32)
+
+
+@cache
+def available() -> bool:
+    """Whether numba's target (target.py) has AVX512-BF16 (and AVX512-BW) on x86_64."""
+    features = target.features()
+    return platform.machine() == "x86_64" and bool(features.get("avx512bf16") and features.get("avx512bw"))
+
+
+def _dot_pairs(builder, acc, w, x):
+    """<16 x float>: acc + each lane's two bf16 products of w and x (<16 x i32> of bf16 pairs each)."""
+    fnty = ir.FunctionType(V16, [V16, BF16X32, BF16X32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512bf16.dpbf16ps.512")
+    return builder.call(fn, [acc, builder.bitcast(w, BF16X32), builder.bitcast(x, BF16X32)])
+
+
+@intrinsic
+def _pack_panel(typingctx, w, r0, packed):
+    """packed uint32 [kb, 2, 16, 16] = rows r0.. r0 + 31 of w (bf16 bits uint16 [n', 32kb], rows contiguous)
+    as the kernel reads them (module docstring)."""
+    def codegen(context, builder, sig, args):
+        wa, pa = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 2))
+        b, r0 = builder, args[1]
+        stride = cgutils.unpack_tuple(b, wa.strides)[0]
+        kb = b.udiv(cgutils.unpack_tuple(b, wa.shape)[1], i64(COLS))
+        base, words = b.bitcast(wa.data, ir.PointerType(I8)), b.bitcast(pa.data, ir.PointerType(I32))
+        rows = [b.gep(base, [b.mul(b.add(r0, i64(j)), stride)]) for j in range(PANEL)]
+        with cgutils.for_range(b, kb) as loop:
+            k = loop.index
+            for group in range(2):
+                lines = []
+                for row in rows[16 * group:16 * group + 16]:
+                    at = b.gep(row, [b.mul(k, i64(2 * COLS))])
+                    prefetch(b, b.gep(at, [i64(1024)]))  # the row's block 16 ahead
+                    lines.append(load_vector(b, at, 0, I32, 16))
+                first = b.mul(b.add(b.mul(k, i64(2)), i64(group)), i64(16 * 16))
+                for p, line in enumerate(transposed(b, lines)):
+                    store_vector(b, b.gep(words, [first]), 16 * p, line)
+        return context.get_dummy_value()
+    return types.none(w, r0, packed), codegen
+
+
+@intrinsic
+def _rows_times_panel(typingctx, packed, xbits, x0, out, col0):
+    """out[x0.. x0 + 7, col0.. col0 + 31] (the rows and columns out has) = rows x0.. of xbits (bf16 bits
+    uint16 [m', 32kb], rows contiguous, m' >= x0 + 8) times the packed panel."""
+    def codegen(context, builder, sig, args):
+        pa, xa, oa = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 3))
+        b, x0, col0 = builder, args[2], args[4]
+        kb = cgutils.unpack_tuple(b, pa.shape)[0]
+        words = b.bitcast(pa.data, ir.PointerType(I32))
+        stride = cgutils.unpack_tuple(b, xa.strides)[0]
+        base = b.bitcast(xa.data, ir.PointerType(I8))
+        xrows = [b.gep(base, [b.mul(b.add(x0, i64(r)), stride)]) for r in range(X_ROWS)]
+        acc = [[cgutils.alloca_once_value(b, ir.Constant(V16, None)) for _ in range(2)]
+               for _ in range(X_ROWS)]
+        with cgutils.for_range(b, kb) as loop:
+            k = loop.index
+            sums = [[b.load(a) for a in row] for row in acc]
+            for p in range(16):
+                w = [load_vector(b, b.gep(words, [b.mul(b.add(b.mul(k, i64(2)), i64(c)), i64(256))]), 16 * p,
+                                 I32, 16) for c in range(2)]
+                for r, xrow in enumerate(xrows):
+                    pair = b.load(b.bitcast(b.gep(xrow, [b.add(b.mul(k, i64(2 * COLS)), i64(4 * p))]),
+                                            ir.PointerType(I32)))
+                    pair.align = 2
+                    xs = splat(b, pair)
+                    sums[r] = [_dot_pairs(b, s, wc, xs) for s, wc in zip(sums[r], w)]
+            for row, row_sums in zip(acc, sums):
+                for a, s in zip(row, row_sums):
+                    b.store(s, a)
+        m, n = cgutils.unpack_tuple(b, oa.shape)
+        for r, row in enumerate(acc):
+            x = b.add(x0, i64(r))
+            with b.if_then(b.icmp_signed("<", x, m)):
+                for c, a in enumerate(row):
+                    col = b.add(col0, i64(16 * c))
+                    with b.if_then(b.icmp_signed("<", col, n)):
+                        store_first(b, b.gep(oa.data, [b.add(b.mul(x, n), col)]), b.load(a), b.sub(n, col))
+        return context.get_dummy_value()
+    return types.none(packed, xbits, x0, out, col0), codegen
+
+
+@njit(parallel=True, cache=True)
+def _products(xbits, w, out):  # xbits [m', K'], w [n', K'] bf16 bits (multiples of 32) -> float32 [m, n]
+    kb = w.shape[1] // COLS
+    for t in prange(w.shape[0] // PANEL):
+        packed = np.empty((kb, 2, 16, 16), np.uint32)
+        _pack_panel(w, t * PANEL, packed)
+        for x0 in range(0, out.shape[0], X_ROWS):
+            _rows_times_panel(packed, xbits, x0, out, t * PANEL)
+
+
+def products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out [m, n] = bf16(x) @ W.T with float32 sums, for x float32 [m, K] (any strides), W a stored BF16
+    matrix (bf16 bits uint16 [n, K]) and out float32 C-contiguous [m, n]; needs available()."""
+    fits = (x.ndim == w.ndim == 2 and x.dtype == out.dtype == np.float32 and w.dtype == np.uint16
+            and out.flags.c_contiguous and x.shape[1] == w.shape[1] and out.shape == (x.shape[0], w.shape[0]))
+    if not fits:
+        raise ValueError(f"bf16 GEMM products take float32 x [m, K], bf16 bits W [n, K] and C-contiguous "
+                         f"float32 out [m, n]; got x {x.dtype} {list(x.shape)}, W {w.dtype} {list(w.shape)}, "
+                         f"out {out.dtype} {list(out.shape)}")
+    if not available():
+        raise RuntimeError("this CPU (or numba's target) has no AVX512-BF16")
+    _products(amx.bf16_rows(x)[0, 0], amx.weight_rows(w), out)
+    return out
