@@ -26,7 +26,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nanoasr.kernels import amx, target
-from nanoasr.kernels.vector_ir import (I8, I32, V16, i64, load_vector, prefetch, splat, store_first,
+from nanoasr.kernels.vector_ir import (I8, I32, V16, i64, load_vector, prefetch, splat, store_rows,
                                        store_vector, transposed)
 
 PANEL = 32  # weight rows a task packs: two groups of 16
@@ -116,14 +116,7 @@ def _rows_times_panel(typingctx, packed, xbits, x0, out, col0):
             for row, row_sums in zip(acc, sums):
                 for a, s in zip(row, row_sums):
                     b.store(s, a)
-        m, n = cgutils.unpack_tuple(b, oa.shape)
-        for r, row in enumerate(acc):
-            x = b.add(x0, i64(r))
-            with b.if_then(b.icmp_signed("<", x, m)):
-                for c, a in enumerate(row):
-                    col = b.add(col0, i64(16 * c))
-                    with b.if_then(b.icmp_signed("<", col, n)):
-                        store_first(b, b.gep(oa.data, [b.add(b.mul(x, n), col)]), b.load(a), b.sub(n, col))
+        store_rows(b, oa, acc, x0, col0)
         return context.get_dummy_value()
     return types.none(packed, xbits, x0, out, col0), codegen
 

@@ -34,7 +34,7 @@ from nanoasr.kernels.int8_dot import (KINDS, PATHS, pair_products, pair_sums, q4
                                       q6_k_quants, q6_k_scales, quantize_block, vpdpbusd)
 from nanoasr.kernels.quant_blocks import _f16x8
 from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
-                                       load_vector, mac, prefetch, splat, store_first, store_vector,
+                                       load_vector, mac, prefetch, splat, store_rows, store_vector,
                                        transposed)
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
@@ -241,18 +241,6 @@ def _panel_lines(b, base, index):
             for c in range(2)]
 
 
-def _store_rows(b, oa, acc, x0, col0):
-    """acc[r][c] to out[x0 + r, col0 + 16c..], the rows and columns out has."""
-    m, n = cgutils.unpack_tuple(b, oa.shape)
-    for r, row_accs in enumerate(acc):
-        row = b.add(x0, i64(r))
-        with b.if_then(b.icmp_signed("<", row, m)):
-            for c, a in enumerate(row_accs):
-                col = b.add(col0, i64(16 * c))
-                with b.if_then(b.icmp_signed("<", col, n)):
-                    store_first(b, b.gep(oa.data, [b.add(b.mul(row, n), col)]), b.load(a), b.sub(n, col))
-
-
 @intrinsic(prefer_literal=True)
 def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x0, k0, k1, partial, out,
                       col0):
@@ -300,7 +288,7 @@ def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x
                         mac(b, acc[r][c], mn[c], xs)
         with b.if_else(b.icmp_signed("==", k1, nb)) as (last, before):
             with last:
-                _store_rows(b, oa, acc, x0, col0)
+                store_rows(b, oa, acc, x0, col0)
             with before:
                 for row, row_at in zip(acc, sums_at):
                     for a, at in zip(row, row_at):

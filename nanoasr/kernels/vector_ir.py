@@ -52,6 +52,20 @@ def store_first(builder, at, line, room):
     builder.call(fn, [line, ptr, ir.Constant(I32, 4), mask])
 
 
+def store_rows(builder, out, acc, x0, col0):
+    """acc[r][c] (allocas of <16 x float>) to out[x0 + r, col0 + 16c..] (out: a float32 [m, n] C-contiguous
+    array's struct), the rows and columns out has."""
+    b = builder
+    m, n = cgutils.unpack_tuple(b, out.shape)
+    for r, row_accs in enumerate(acc):
+        row = b.add(x0, i64(r))
+        with b.if_then(b.icmp_signed("<", row, m)):
+            for c, a in enumerate(row_accs):
+                col = b.add(col0, i64(16 * c))
+                with b.if_then(b.icmp_signed("<", col, n)):
+                    store_first(b, b.gep(out.data, [b.add(b.mul(row, n), col)]), b.load(a), b.sub(n, col))
+
+
 def lanes(builder, v, idx):
     """Lanes idx of v (repeats allowed: a splat is lanes(v, [i] * n))."""
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, len(idx)), list(idx)))
