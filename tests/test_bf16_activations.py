@@ -281,3 +281,20 @@ def test_numba_products_scope_keeps_blas_to_one_thread():
     assert not backend.NUMBA_PRODUCTS.get() and blas_threads() == before
     with backend.threads(2):
         assert not backend.NUMBA_PRODUCTS.get() and blas_threads() == {2}
+
+
+def test_bf16_attention_products_share_their_heads_out_where_numba_runs_the_products(monkeypatch):
+    """Where numba's threads run the products (and BLAS is kept to one thread) attention's bf16 products,
+    where the tiles do not take them, round their operands and share the heads among numba's threads: the
+    twin's bits."""
+    from nanoasr import backend
+    from nanoasr.kernels import blas_split
+
+    monkeypatch.setattr(amx, "available", lambda: False)
+    calls, real = [], blas_split.products
+    monkeypatch.setattr(blas_split, "products", lambda a, b: calls.append(a.shape) or real(a, b))
+    rng = np.random.default_rng(5)
+    q, k = (rng.standard_normal((1, 4, 300, 128)).astype(np.float32) for _ in range(2))
+    with backend.threads(2, numba_products=True):
+        got = cpu_backend.products(q, k, "bf16")
+    assert calls == [q.shape] and np.array_equal(got, ops.products_xp(q, k, "bf16"))

@@ -162,7 +162,9 @@ def products(a, b, activations):  # a [..., m, K] @ b[..., n, K].T; bf16 rows on
     rounded = activations == "bf16" and amx.available()
     if rounded and a.dtype == b.dtype == np.float32 and a.ndim == b.ndim and a.shape[:-2] == b.shape[:-2]:
         return amx.products(a, amx.bf16_rows(b), np.empty(a.shape[:-1] + b.shape[-2:-1], np.float32))
-    if NUMBA_PRODUCTS.get() and activations != "bf16":  # BLAS is kept to this thread: share out the heads
+    if NUMBA_PRODUCTS.get():  # BLAS is kept to this thread: share out the heads
+        if activations == "bf16":  # rounded here as the twin rounds them, then the same BLAS calls
+            a, b, activations = ops.rows_bf16_xp(a), ops.rows_bf16_xp(b), "exact"
         out = blas_split.products(a, b)
         if out is not None:
             return out
