@@ -10,8 +10,8 @@ row's pair of bf16 broadcast meets the two groups' lines in one vdpbf16ps each (
 the two products), 16 accumulators of 16 lanes in all. The numpy twin is nanoasr.ops.products_xp (BLAS on the
 rounded operands).
 
-LLVM takes the instruction's operands as vectors of bfloat, a type llvmlite's IR builder lacks: _BFloat
-names it.
+LLVM takes the instruction's operands as vectors of bfloat, a type llvmlite's IR builder lacks:
+_bf16_pairs names it.
 """
 from __future__ import annotations
 
@@ -34,31 +34,38 @@ X_ROWS = 8  # rows of x per kernel call: 16 accumulators of the 32 AVX-512 regis
 COLS = 32  # columns per packed block: a line of 64 bytes per row
 
 
-class _BFloat(ir_types._BaseFloatType):
-    """LLVM's bfloat, as llvmlite's own float types are made (one instance)."""
-    null = "0.0"
-    intrinsic_name = "bf16"
+@cache
+def available() -> bool:
+    """Whether numba's target (target.py) has AVX512-BF16 (and AVX512-BW) on x86_64, and numba's LLVM takes
+    vdpbf16ps's operands as bfloat vectors (LLVM 17 on; before, as integer vectors)."""
+    import llvmlite.binding as llvm
 
-    def __str__(self):
-        return "bfloat"
-
-
-_BFloat._create_instance()
-BF16X32 = ir.VectorType(_BFloat(), 32)
+    features = target.features()
+    return (platform.machine() == "x86_64" and bool(features.get("avx512bf16") and features.get("avx512bw"))
+            and llvm.llvm_version_info >= (17,))
 
 
 @cache
-def available() -> bool:
-    """Whether numba's target (target.py) has AVX512-BF16 (and AVX512-BW) on x86_64."""
-    features = target.features()
-    return platform.machine() == "x86_64" and bool(features.get("avx512bf16") and features.get("avx512bw"))
+def _bf16_pairs() -> ir.VectorType:
+    """<32 x bfloat>, in LLVM's bfloat type, which llvmlite's IR builder lacks: made as its own float types
+    are (one instance)."""
+    class BFloat(ir_types._BaseFloatType):
+        null = "0.0"
+        intrinsic_name = "bf16"
+
+        def __str__(self):
+            return "bfloat"
+
+    BFloat._create_instance()
+    return ir.VectorType(BFloat(), 32)
 
 
 def _dot_pairs(builder, acc, w, x):
     """<16 x float>: acc + each lane's two bf16 products of w and x (<16 x i32> of bf16 pairs each)."""
-    fnty = ir.FunctionType(V16, [V16, BF16X32, BF16X32])
+    pairs = _bf16_pairs()
+    fnty = ir.FunctionType(V16, [V16, pairs, pairs])
     fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512bf16.dpbf16ps.512")
-    return builder.call(fn, [acc, builder.bitcast(w, BF16X32), builder.bitcast(x, BF16X32)])
+    return builder.call(fn, [acc, builder.bitcast(w, pairs), builder.bitcast(x, pairs)])
 
 
 @intrinsic
