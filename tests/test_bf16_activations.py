@@ -141,13 +141,14 @@ def test_tiles_refuse_mismatched_operands_and_a_process_without_them(monkeypatch
         amx.products(x, np.zeros((64, 64), np.uint16), out)
 
 
-gemm_path = [pytest.mark.cpu_path, pytest.mark.skipif(not bf16_gemm.available(), reason="no AVX512-BF16")]
+needs_gemm = pytest.mark.skipif(not bf16_gemm.available(), reason="no AVX512-BF16")
 
 
+@pytest.mark.cpu_path
+@needs_gemm
 @pytest.mark.parametrize("m, n, k", [(37, 64, 64), (9, 33, 560), (300, 96, 100), (70, 1024, 1024)])
 @pytest.mark.parametrize("strided", [False, True])
-@pytest.mark.parametrize("path", [pytest.param("bf16_gemm", marks=gemm_path)])
-def test_bf16_gemm_products_are_the_products_of_the_rounded_operands(path, m, n, k, strided):
+def test_bf16_gemm_products_are_the_products_of_the_rounded_operands(m, n, k, strided):
     """Rows and columns that are and are not multiples of the panel's 32 and the call's 8 rows; x a strided
     view too."""
     rng = np.random.default_rng(m + n + k)
@@ -161,8 +162,9 @@ def test_bf16_gemm_products_are_the_products_of_the_rounded_operands(path, m, n,
     assert not np.all(np.abs(unrounded - want) <= accumulation_bound(x, wide))
 
 
-@pytest.mark.parametrize("path", [pytest.param("bf16_gemm", marks=gemm_path)])
-def test_bf16_gemm_uses_the_instruction(path):
+@pytest.mark.cpu_path
+@needs_gemm
+def test_bf16_gemm_uses_the_instruction():
     """Compiled afresh: a driver loaded from numba's disk cache has no assembly text to show."""
     from numba import njit
 

@@ -37,7 +37,8 @@ COLS = 32  # columns per packed block: a line of 64 bytes per row
 @cache
 def available() -> bool:
     """Whether numba's target (target.py) has AVX512-BF16 (and AVX512-BW) on x86_64, and numba's LLVM takes
-    vdpbf16ps's operands as bfloat vectors (LLVM 17 on; before, as integer vectors)."""
+    vdpbf16ps's operands as bfloat vectors, as LLVM 22 does (older releases took integer vectors; 17 is
+    taken as the first with bfloat, untried here)."""
     import llvmlite.binding as llvm
 
     features = target.features()
