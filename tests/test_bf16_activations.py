@@ -1,8 +1,8 @@
 """bf16 activations: rows rounded to bf16 (as torch rounds them) times BF16 weights, and attention's operands
 likewise in the many-row forwards, with float32 sums: on AMX tiles where this CPU has them
-(nanoasr/kernels/amx.py), else, for stored matrices, the bf16 GEMM where it has AVX512-BF16
-(nanoasr/kernels/bf16_gemm.py), else BLAS on the rounded operands (nanoasr.ops.products_xp). The same tests
-run on any path; each checks which one ran."""
+(nanoasr/kernels/amx.py), else on the bf16 GEMM where it has AVX512-BF16 (nanoasr/kernels/bf16_gemm.py),
+else BLAS on the rounded operands (nanoasr.ops.products_xp). The same tests run on any path; each checks
+which one ran."""
 import numpy as np
 import pytest
 
@@ -48,6 +48,11 @@ def counting_tile_calls(monkeypatch) -> list:
     return counting_calls(monkeypatch, amx)
 
 
+def on_the_gemm() -> bool:
+    """Whether the bf16 GEMM runs what the tiles would run: AVX512-BF16 without AMX."""
+    return not amx.available() and bf16_gemm.available()
+
+
 def rounded_bits(a: np.ndarray) -> np.ndarray:
     return (torch_bf16(a).view(np.uint32) >> 16).astype(np.uint16)
 
@@ -84,14 +89,14 @@ def test_bf16_products_are_the_products_of_the_rounded_operands(xs, ys, monkeypa
     (so the bound tells bf16 rows from float32 ones)."""
     rng = np.random.default_rng(sum(xs) + sum(ys))
     x, y = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ys).astype(np.float32)
-    calls = counting_tile_calls(monkeypatch)
+    calls, gemm_calls = counting_tile_calls(monkeypatch), counting_calls(monkeypatch, bf16_gemm)
     got = cpu_backend.products(x, y, "bf16")
     want = rounded64(x) @ np.swapaxes(rounded64(y), -1, -2)
     bound = accumulation_bound(x, y)
     assert got.shape == want.shape and np.all(np.abs(got - want) <= bound)
     unrounded = x.astype(np.float64) @ np.swapaxes(y.astype(np.float64), -1, -2)
     assert not np.all(np.abs(unrounded - want) <= bound)
-    assert len(calls) == amx.available()
+    assert (len(calls), len(gemm_calls)) == (amx.available(), on_the_gemm())
 
 
 def test_head_split_views_go_in_as_they_are(monkeypatch):
@@ -99,7 +104,7 @@ def test_head_split_views_go_in_as_they_are(monkeypatch):
     rng = np.random.default_rng(3)
     rows = [rng.standard_normal((2, 70, 256)).astype(np.float32) for _ in range(3)]
     q, k, v = (r.reshape(2, 70, 2, 128).transpose(0, 2, 1, 3) for r in rows)
-    calls = counting_tile_calls(monkeypatch)
+    calls, gemm_calls = counting_tile_calls(monkeypatch), counting_calls(monkeypatch, bf16_gemm)
     scores = cpu_backend.products(q, k, "bf16")
     want = rounded64(q) @ np.swapaxes(rounded64(k), -1, -2)
     assert np.all(np.abs(scores - want) <= accumulation_bound(q, k))
@@ -108,7 +113,7 @@ def test_head_split_views_go_in_as_they_are(monkeypatch):
     attended = cpu_backend.products(p, vt, "bf16")
     assert np.all(np.abs(attended - rounded64(p) @ np.swapaxes(rounded64(vt), -1, -2))
                   <= accumulation_bound(p, vt))
-    assert len(calls) == 2 * amx.available()
+    assert (len(calls), len(gemm_calls)) == (2 * amx.available(), 2 * on_the_gemm())
 
 
 @pytest.mark.parametrize("n", [3, 37])
@@ -125,7 +130,7 @@ def test_stored_bf16_matrices_meet_rounded_rows(n, monkeypatch):
     wide = torch_bf16(w)
     assert np.all(np.abs(got - rounded64(x) @ wide.T.astype(np.float64)) <= accumulation_bound(x, wide))
     assert len(calls) == (n > cpu_backend.FUSED_ROWS and amx.available())
-    assert len(gemm_calls) == (n > cpu_backend.FUSED_ROWS and not amx.available() and bf16_gemm.available())
+    assert len(gemm_calls) == (n > cpu_backend.FUSED_ROWS and on_the_gemm())
     exact = cpu_backend.stored_matmul(x, StoredTensor(bits, "bf16", (80, 560)))
     assert not np.array_equal(got, exact)
 
@@ -146,19 +151,24 @@ needs_gemm = pytest.mark.skipif(not bf16_gemm.available(), reason="no AVX512-BF1
 
 @pytest.mark.cpu_path
 @needs_gemm
-@pytest.mark.parametrize("m, n, k", [(37, 64, 64), (9, 33, 560), (300, 96, 100), (70, 1024, 1024)])
+@pytest.mark.parametrize("stack, m, n, k", [
+    ((), 37, 64, 64), ((), 9, 33, 560), ((), 300, 96, 100), ((), 70, 1024, 1024), ((2, 3), 45, 70, 100),
+    ((1, 4), 70, 50, 128)])
 @pytest.mark.parametrize("strided", [False, True])
-def test_bf16_gemm_products_are_the_products_of_the_rounded_operands(m, n, k, strided):
-    """Rows and columns that are and are not multiples of the panel's 32 and the call's 8 rows; x a strided
+def test_bf16_gemm_products_are_the_products_of_the_rounded_operands(stack, m, n, k, strided):
+    """Rows and columns that are and are not multiples of the panel's 32 and the call's 8 rows, a stored
+    matrix (padded by weight_rows) or stacks of them (attention's heads, rounded by bf16_rows); x a strided
     view too."""
     rng = np.random.default_rng(m + n + k)
-    x = rng.standard_normal((m, 2 * k if strided else k)).astype(np.float32)[:, ::2 if strided else 1]
-    w = rng.standard_normal((n, k)).astype(np.float32)
-    got = bf16_gemm.products(x, rounded_bits(w), np.full((m, n), np.nan, np.float32))
+    x = rng.standard_normal(stack + (m, 2 * k if strided else k)).astype(np.float32)
+    x = x[..., ::2] if strided else x
+    w = rng.standard_normal(stack + (n, k)).astype(np.float32)
+    operand = amx.bf16_rows(w) if stack else amx.weight_rows(rounded_bits(w))
+    got = bf16_gemm.products(x, operand, np.full(stack + (m, n), np.nan, np.float32))
     wide = torch_bf16(w)
-    want = rounded64(x) @ wide.T.astype(np.float64)
+    want = rounded64(x) @ np.swapaxes(wide, -1, -2).astype(np.float64)
     assert np.all(np.abs(got - want) <= accumulation_bound(x, wide))
-    unrounded = x.astype(np.float64) @ w.T.astype(np.float64)
+    unrounded = x.astype(np.float64) @ np.swapaxes(w, -1, -2).astype(np.float64)
     assert not np.all(np.abs(unrounded - want) <= accumulation_bound(x, wide))
 
 
@@ -169,14 +179,18 @@ def test_bf16_gemm_uses_the_instruction():
     from numba import njit
 
     fresh = njit(parallel=True)(bf16_gemm._products.py_func)
-    fresh(np.zeros((32, 64), np.uint16), np.zeros((32, 64), np.uint16), np.empty((9, 32), np.float32))
+    fresh(np.zeros((1, 1, 32, 64), np.uint16), np.zeros((1, 1, 32, 64), np.uint16),
+          np.empty((1, 1, 9, 32), np.float32))
     assert "\tvdpbf16ps\t" in "".join(fresh.inspect_asm().values())
 
 
 def test_bf16_gemm_refuses_mismatched_operands_and_a_cpu_without_it(monkeypatch):
     x, w = np.zeros((9, 64), np.float32), np.zeros((32, 64), np.uint16)
-    for bad_x, bad_w, bad_out in [(x, w, np.zeros((9, 31), np.float32)), (x, w[:, :32], np.zeros((9, 32))),
-                                  (x.astype(np.float64), w, np.zeros((9, 32), np.float32))]:
+    for bad_x, bad_w, bad_out in [
+            (x, w, np.zeros((9, 40), np.float32)),  # out has more columns than W has rows
+            (x, np.zeros((32, 96), np.uint16), np.zeros((9, 32), np.float32)),  # W wider by a whole step
+            (x, np.zeros((33, 64), np.uint16), np.zeros((9, 33), np.float32)),  # W not padded
+            (x.astype(np.float64), w, np.zeros((9, 32), np.float32))]:
         with pytest.raises(ValueError, match="bf16 GEMM products take"):
             bf16_gemm.products(bad_x, bad_w, bad_out)
     monkeypatch.setattr(bf16_gemm, "available", lambda: False)
@@ -287,12 +301,13 @@ def test_numba_products_scope_keeps_blas_to_one_thread():
 
 def test_bf16_attention_products_share_their_heads_out_where_numba_runs_the_products(monkeypatch):
     """Where numba's threads run the products (and BLAS is kept to one thread) attention's bf16 products,
-    where the tiles do not take them, round their operands and share the heads among numba's threads: the
-    twin's bits."""
+    where neither the tiles nor the bf16 GEMM take them, round their operands and share the heads among
+    numba's threads: the twin's bits."""
     from nanoasr import backend
     from nanoasr.kernels import blas_split
 
     monkeypatch.setattr(amx, "available", lambda: False)
+    monkeypatch.setattr(bf16_gemm, "available", lambda: False)
     calls, real = [], blas_split.products
     monkeypatch.setattr(blas_split, "products", lambda a, b: calls.append(a.shape) or real(a, b))
     rng = np.random.default_rng(5)

@@ -92,7 +92,8 @@ def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict
     if dtype == "bf16" and bf16_gemm.available():
         time.sleep(0.3)
         with backend.threads(None, numba_products=True):
-            ms["bf16 GEMM"] = per_call_ms(lambda w: bf16_gemm.products(x, w.data, out), stored, reps)
+            ms["bf16 GEMM"] = per_call_ms(lambda w: bf16_gemm.products(x, amx.weight_rows(w.data), out),
+                                          stored, reps)
     if host_path() is not None and dtype in MATVEC_INT8_KINDS:
         int8 = [StoredTensor(c, dtype, (rows, cols), activations="int8") for c in copies]
         time.sleep(0.3)

@@ -123,10 +123,8 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
     out_features, in_features = w.shape
     x = np.ascontiguousarray(rows, dtype=np.float32)
     if w.activations == "bf16":
-        if len(x) > FUSED_ROWS and amx.available():
-            return amx.products(x, amx.weight_rows(w.data), np.empty((len(x), out_features), np.float32))
-        if len(x) > FUSED_ROWS and bf16_gemm.available():
-            return bf16_gemm.products(x, w.data, np.empty((len(x), out_features), np.float32))
+        if len(x) > FUSED_ROWS and (kernel := bf16_kernel()) is not None:
+            return kernel.products(x, amx.weight_rows(w.data), np.empty((len(x), out_features), np.float32))
         x = ops.rows_bf16_xp(x)  # the same rows for the float products below
     if w.activations == "int8" and host_path() is not None:  # few rows streamed, many through the GEMM
         product = cpu.matvec_int8 if len(x) <= FUSED_ROWS else cpu.gemm_int8
@@ -141,12 +139,17 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
     return x @ wide.T
 
 
+def bf16_kernel():
+    """The module whose products(x, W, out) multiply rows rounded to bf16 (amx.operands) on this CPU: the AMX
+    tiles, else the bf16 GEMM (AVX512-BF16); None where it has neither."""
+    return amx if amx.available() else bf16_gemm if bf16_gemm.available() else None
+
+
 def numba_products(weights: dict) -> bool:
     """Whether numba's kernels run the large products: AMX tiles or the bf16 GEMM for weights placed for bf16
     activations, the int8 GEMM for weights placed for int8 activations, where this CPU has them."""
     marks = {getattr(t, "activations", None) for t in weights.values()}
-    bf16_products = amx.available() or bf16_gemm.available()
-    return bf16_products and "bf16" in marks or host_path() is not None and "int8" in marks
+    return bf16_kernel() is not None and "bf16" in marks or host_path() is not None and "int8" in marks
 
 
 def _widen_buffer(rows: int, cols: int) -> np.ndarray:
@@ -158,10 +161,10 @@ def _widen_buffer(rows: int, cols: int) -> np.ndarray:
     return buf[:size].reshape(rows, cols)
 
 
-def products(a, b, activations):  # a [..., m, K] @ b[..., n, K].T; bf16 rows on AMX tiles where there are any
-    rounded = activations == "bf16" and amx.available()
-    if rounded and a.dtype == b.dtype == np.float32 and a.ndim == b.ndim and a.shape[:-2] == b.shape[:-2]:
-        return amx.products(a, amx.bf16_rows(b), np.empty(a.shape[:-1] + b.shape[-2:-1], np.float32))
+def products(a, b, activations):  # a [..., m, K] @ b[..., n, K].T; bf16 rows on bf16_kernel() if any
+    kernel = bf16_kernel() if activations == "bf16" else None
+    if kernel and a.dtype == b.dtype == np.float32 and a.ndim == b.ndim and a.shape[:-2] == b.shape[:-2]:
+        return kernel.products(a, amx.bf16_rows(b), np.empty(a.shape[:-1] + b.shape[-2:-1], np.float32))
     if NUMBA_PRODUCTS.get():  # BLAS is kept to this thread: share out the heads
         if activations == "bf16":  # rounded here as the twin rounds them, then the same BLAS calls
             a, b, activations = ops.rows_bf16_xp(a), ops.rows_bf16_xp(b), "exact"

@@ -265,10 +265,10 @@ def weight_rows(bits: np.ndarray) -> np.ndarray:
     return padded
 
 
-def products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """out[..., m, n] = bf16(x) @ W.T over the last two axes with float32 sums, for x float32 [..., m, K] (any
-    strides), W bf16 bits uint16 [..., n', K'] as bf16_rows or weight_rows give them (n' - 32 < n <= n',
-    K' - 32 < K <= K') and out float32 C-contiguous; needs available()."""
+def operands(x: np.ndarray, w: np.ndarray, out: np.ndarray, kind: str) -> tuple:
+    """x, W and out of products() (here or in bf16_gemm.py: `kind` names it in the error) as [B, H, r, c]
+    views, checked: x float32 [..., m, K] (any strides), W bf16 bits uint16 [..., n', K'] as bf16_rows or
+    weight_rows give them (n' - 32 < n <= n', K' - 32 < K <= K'), out float32 C-contiguous [..., m, n]."""
     x4, w4, o4 = _four(x), _four(w), _four(out)
     batch, heads, m, k = x4.shape
     fits = (x.dtype == np.float32 and w.dtype == np.uint16 and out.dtype == np.float32
@@ -277,12 +277,20 @@ def products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
             and w4.shape[2] - ROWS < o4.shape[3] <= w4.shape[2]
             and w4.shape[3] - COLS < k <= w4.shape[3])
     if not fits:
-        raise ValueError(f"AMX products take float32 x [..., m, K], bf16 bits W [..., n', K'] (multiples of "
-                         f"32 just above n and K) and C-contiguous float32 out [..., m, n]; got x {x.dtype} "
+        raise ValueError(f"{kind} take float32 x [..., m, K], bf16 bits W [..., n', K'] (multiples of 32 "
+                         f"just above n and K) and C-contiguous float32 out [..., m, n]; got x {x.dtype} "
                          f"{list(x.shape)}, W {w.dtype} {list(w.shape)}, out {out.dtype} {list(out.shape)}")
+    return x4, w4, o4
+
+
+def products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[..., m, n] = bf16(x) @ W.T over the last two axes with float32 sums, for the operands() above;
+    needs available()."""
+    x4, w4, o4 = operands(x, w, out, "AMX products")
     if not available():  # also asks for the tile state: without it the first tile instruction faults
         raise RuntimeError("this CPU or process cannot run AMX tiles (amx-tile, amx-bf16 and the kernel's "
                            "permission for the tile state are needed)")
+    batch, heads, m = x4.shape[:3]
     _products(x4.view(np.uint32), w4, _CONFIG, _block(batch * heads, -(-m // ROWS), w4.shape[2] // ROWS,
                                                       w4.shape[3]), o4)
     return out

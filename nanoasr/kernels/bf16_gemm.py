@@ -1,14 +1,15 @@
-"""Many rows rounded to bf16 times a stored BF16 matrix with AVX512-BF16 (vdpbf16ps), float32 sums: out =
-bf16(x) @ W.T, the AMX tiles' product (amx.py) for CPUs that have the instruction and no tiles (AMD Zen 4 and
-later, Intel Cooper Lake), without widening W to float32 for BLAS.
+"""Many rows rounded to bf16 times a BF16 matrix (a stored one, or attention's keys and values, rounded) with
+AVX512-BF16 (vdpbf16ps), float32 sums: out = bf16(x) @ W.T over the last two axes of [B, H, ...] operands,
+the AMX tiles' product (amx.py) for CPUs that have the instruction and no tiles (AMD Zen 4 and later, Intel
+Cooper Lake), without widening W to float32 for BLAS.
 
 x is rounded to bf16 and W padded as the tiles take them (amx.bf16_rows, amx.weight_rows: rows and columns
-up to multiples of 32, zeros there). Each task packs a panel of 32 rows of W: per 32 columns and group of 16
-rows, 16 lines of 64 bytes, line p holding columns 2p and 2p + 1 of each of the 16 rows (a transpose of the
-16 rows' words in registers). A kernel call takes 8 rows of x against the panel: per pair of columns, each
-row's pair of bf16 broadcast meets the two groups' lines in one vdpbf16ps each (16 float32 sums, each adding
-the two products), 16 accumulators of 16 lanes in all. The numpy twin is nanoasr.ops.products_xp (BLAS on the
-rounded operands).
+up to multiples of 32, zeros there). Each task packs a panel of 32 rows of one of the stacked W: per 32
+columns and group of 16 rows, 16 lines of 64 bytes, line p holding columns 2p and 2p + 1 of each of the 16
+rows (a transpose of the 16 rows' words in registers). A kernel call takes 8 rows of x against the panel:
+per pair of columns, each row's pair of bf16 broadcast meets the two groups' lines in one vdpbf16ps each (16
+float32 sums, each adding the two products), 16 accumulators of 16 lanes in all. The numpy twin is
+nanoasr.ops.products_xp (BLAS on the rounded operands).
 
 LLVM takes the instruction's operands as vectors of bfloat, a type llvmlite's IR builder lacks:
 _bf16_pairs names it.
@@ -130,25 +131,23 @@ def _rows_times_panel(typingctx, packed, xbits, x0, out, col0):
 
 
 @njit(parallel=True, cache=True)
-def _products(xbits, w, out):  # xbits [m', K'], w [n', K'] bf16 bits (multiples of 32) -> float32 [m, n]
-    kb = w.shape[1] // COLS
-    for t in prange(w.shape[0] // PANEL):
+def _products(xbits, w, out):  # xbits [B, H, m', K'], w [B, H, n', K'] bf16 bits (multiples of 32, rows
+    # C-contiguous) -> float32 [B, H, m, n]; a task per panel of each stacked matrix
+    batch, heads = out.shape[:2]
+    kb, panels = w.shape[3] // COLS, w.shape[2] // PANEL
+    for task in prange(batch * heads * panels):
+        b, h, t = task // (heads * panels), task // panels % heads, task % panels
         packed = np.empty((kb, 2, 16, 16), np.uint32)
-        _pack_panel(w, t * PANEL, packed)
-        for x0 in range(0, out.shape[0], X_ROWS):
-            _rows_times_panel(packed, xbits, x0, out, t * PANEL)
+        _pack_panel(w[b, h], t * PANEL, packed)
+        for x0 in range(0, out.shape[2], X_ROWS):
+            _rows_times_panel(packed, xbits[b, h], x0, out[b, h], t * PANEL)
 
 
 def products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """out [m, n] = bf16(x) @ W.T with float32 sums, for x float32 [m, K] (any strides), W a stored BF16
-    matrix (bf16 bits uint16 [n, K]) and out float32 C-contiguous [m, n]; needs available()."""
-    fits = (x.ndim == w.ndim == 2 and x.dtype == out.dtype == np.float32 and w.dtype == np.uint16
-            and out.flags.c_contiguous and x.shape[1] == w.shape[1] and out.shape == (x.shape[0], w.shape[0]))
-    if not fits:
-        raise ValueError(f"bf16 GEMM products take float32 x [m, K], bf16 bits W [n, K] and C-contiguous "
-                         f"float32 out [m, n]; got x {x.dtype} {list(x.shape)}, W {w.dtype} {list(w.shape)}, "
-                         f"out {out.dtype} {list(out.shape)}")
+    """out[..., m, n] = bf16(x) @ W.T over the last two axes with float32 sums, for operands as amx.products
+    takes them (amx.operands: W from amx.weight_rows or amx.bf16_rows); needs available()."""
+    x4, w4, o4 = amx.operands(x, w, out, "bf16 GEMM products")
     if not available():
         raise RuntimeError("this CPU (or numba's target) has no AVX512-BF16")
-    _products(amx.bf16_rows(x)[0, 0], amx.weight_rows(w), out)
+    _products(amx.bf16_rows(x4), w4, o4)
     return out
