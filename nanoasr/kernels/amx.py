@@ -206,12 +206,18 @@ def _packed(bits, kb):  # float32 bits uint32 [B, H, m, K] (any strides) -> uint
 @njit(parallel=True, cache=True)
 def _padded(bits, rows, cols):  # float32 bits uint32 [B, H, n, K] (any strides) -> bf16 uint16
     # [B, H, rows, cols] (rows >= n, cols >= K), zeros past n and K
+    # (each row written once, through 1-D views of it: the loop over a row's values is vectorised)
     batch, heads, n, k = bits.shape
-    out = np.zeros((batch, heads, rows, cols), np.uint16)
-    for task in prange(batch * heads * n):
-        b, h, r = task // (heads * n), task // n % heads, task % n
-        for c in range(k):
-            out[b, h, r, c] = np.uint16(_bf16(bits[b, h, r, c]))
+    out = np.empty((batch, heads, rows, cols), np.uint16)
+    for task in prange(batch * heads * rows):
+        b, h, r = task // (heads * rows), task // rows % heads, task % rows
+        line = out[b, h, r]
+        if r < n:
+            values = bits[b, h, r]
+            for c in range(k):
+                line[c] = np.uint16(_bf16(values[c]))
+        for c in range(k if r < n else 0, cols):
+            line[c] = 0
     return out
 
 
