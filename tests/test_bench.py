@@ -1,6 +1,6 @@
 """tools/bench.py's plumbing on the tiny checkpoint: interleaved rounds, medians with their spread, the
-machine's description with and without llama-cpp-python, and a nanoasr child's figures. No timing is
-judged here."""
+machine's description with and without llama-cpp-python, and a nanoasr child's figures; and
+tools/overlap_bench.py's rounds. No timing is judged here."""
 import json
 import subprocess
 import sys
@@ -98,6 +98,19 @@ def test_a_nanoasr_child_on_the_tiny_checkpoint(tiny_dir):
     assert figures["decode_gb_per_s"] > 0
     share = figures["file_pages_2mib_share"]  # the share of the checkpoint's mapped pages in 2 MiB pages
     assert share is None if not sys.platform.startswith("linux") else 0 <= share <= 1
+
+
+def test_overlap_bench_times_the_stages_apart_and_together(tiny_dir):
+    import re
+
+    script = bench.__file__.replace("bench.py", "overlap_bench.py")
+    done = subprocess.run([sys.executable, script, str(tiny_dir), "--steps", "2", "--rounds", "2"],
+                          capture_output=True, text=True, env=bench.environ_without_blas_vars())
+    assert done.returncode == 0, done.stderr[-2000:]
+    rounds = done.stdout.strip().splitlines()[1:]
+    shape = (r"one after the other: \d+ \+ \d+ = \d+ \| at once, 1 \+ 1 threads: \d+ \(encode \d+, decode "
+             r"\d+\) \| at once, 2 \+ 2 threads: \d+ \(encode \d+, decode \d+\)")
+    assert len(rounds) == 2 and all(re.fullmatch(shape, line) for line in rounds), done.stdout
 
 
 def test_isa_avx2_holds_every_child_and_the_report_says_so(monkeypatch, tmp_path):
