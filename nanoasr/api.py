@@ -159,10 +159,10 @@ class Model:
         return cls(dataclasses.replace(checkpoint, source=source), device, threads, batch_size, activations,
                    huge_pages)
 
-    def thread_scope(self):
+    def thread_scope(self, threads: int | None = None):
         """A context in which this model's stages compute with its CPU threads (numba's and BLAS's; see
-        Backend.numba_products)."""
-        return backend_mod.threads(self.threads, self._numba_products)
+        Backend.numba_products), or with `threads` of them where given (a caller sharing the cores out)."""
+        return backend_mod.threads(threads or self.threads, self._numba_products)
 
     def check_options(self, language: str | None = None, word_timestamps: bool = False) -> None:
         """OptionError for what this model cannot do, before any audio is read: a language it was not trained

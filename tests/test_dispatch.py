@@ -205,6 +205,15 @@ def test_threads_are_scoped_and_restored():
         assert numba.get_num_threads() == before
 
 
+def test_a_models_thread_scope_takes_another_count(tiny_model):
+    before = numba.get_num_threads()
+    with tiny_model.thread_scope(1):
+        assert numba.get_num_threads() == 1
+    with tiny_model.thread_scope():
+        assert numba.get_num_threads() == min(tiny_model.threads or before, numba.config.NUMBA_NUM_THREADS)
+    assert numba.get_num_threads() == before
+
+
 def test_cpu_masking_skips_the_masked_copy_when_nothing_is_masked(monkeypatch):
     """The CPU sees for free that a mask keeps everything (an unpadded batch); the twin, which CUDA runs,
     always copies, since asking would read the mask back to the host."""

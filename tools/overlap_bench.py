@@ -27,7 +27,6 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from nanoasr import backend  # noqa: E402
 from nanoasr.api import Model  # noqa: E402
 from nanoasr.backend import ACTIVATIONS  # noqa: E402
 from nanoasr.model import decoder  # noqa: E402
@@ -54,12 +53,12 @@ def stages(model: Model, steps: int):
         sessions.append(session)
 
     def encode(threads: int):
-        with backend.threads(threads, model._numba_products):
+        with model.thread_scope(threads):
             model.adapt(model.encode(feats, mask), mask, "funasr")
 
     def decode(threads: int):
         session = sessions.pop()
-        with backend.threads(threads, model._numba_products):
+        with model.thread_scope(threads):
             for _ in range(steps):
                 session.step([1000] * ROWS).argmax(axis=-1)
     return prepare, encode, decode
@@ -104,7 +103,8 @@ def main() -> int:
     n = args.threads
     split = (max(1, n - n // 2), max(1, n // 2))
     prepare()
-    encode(n), decode(n)  # compiles
+    encode(n)  # compiles
+    decode(n)
     print(f"{args.model}, {args.activations} activations, {n} threads: encoder + adaptor on 30 s, "
           f"{args.steps} decode steps of {ROWS} rows; ms")
     for _ in range(args.rounds):

@@ -331,7 +331,7 @@ def _as_int16(q):  # x's quants as the pairs layout's kernel reads them
 
 
 @njit(cache=True)
-def _as_int8(q):
+def _as_int8(q):  # the fours layout reads x's quants as they are (one driver body for both layouts)
     return q
 
 
