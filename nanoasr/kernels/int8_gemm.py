@@ -39,10 +39,9 @@ from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, concate
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
 X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 16 lanes
-# AVX2's 16 registers of 256 bits hold fewer: a row of x's int16 and float32 accumulators take 8
-CALL_ROWS = {"vnni": X_ROWS, "avx2": 1}
-# Packed bytes of the panel all rows of x meet before the next ones. AVX2, a row of x a call: 32 KiB, which
-# stay in the core's first-level cache while every row reads them; VNNI, four rows a call, the whole panel
+# Packed bytes of the panel all rows of x meet before the next ones. AVX2, one or two rows of x a call:
+# 32 KiB, which stay in the core's first-level cache while every row reads them; VNNI, four rows a call, the
+# whole panel
 K_CHUNK_BYTES = {"vnni": 1 << 40, "avx2": 32 << 10}
 # Values of a row a panel is packed by at a time, a group of 16 rows after the other, block by block across
 # the group's rows: the chunk of each row is read in a run of 1024 values, and the run after it is prefetched
@@ -55,6 +54,15 @@ def lines(kind: str, path: str) -> int:
     """Packed lines of 64 bytes per 32 values of a group of 16 weight rows: 8 fours of bytes, or for Q8_0 on
     AVX2 16 pairs of int16 (module docstring)."""
     return 16 if kind == "q8_0" and path == "avx2" else 8
+
+
+def call_rows(kind: str, path: str) -> int:
+    """Rows of x a kernel call takes. VNNI: X_ROWS. AVX2's 16 registers of 256 bits hold fewer: Q8_0's
+    pairs, two rows (8 int32 accumulators and the 4 registers of a pair's weight lines, loaded once for both
+    rows); the fours' runs of int16 sums, one."""
+    if path == "vnni":
+        return X_ROWS
+    return 2 if lines(kind, path) == 16 else 1
 
 
 def _block_scales(b, kind, blk):
@@ -170,21 +178,25 @@ INT16_RUN = {"q4_k": 8, "q6_k": 2}
 I16X32, I32X16 = ir.VectorType(I16, 32), ir.VectorType(I32, 16)
 
 
-def _integer_sums(b, name, path, words, qrows, k, starts, steps):
+def _integer_sums(b, name, path, words, qrows, k, starts, steps, pair_count):
     """[row of x][group of 16 weight rows] <16 x i32>: starts + the products over the steps (fours or pairs)
-    of block k."""
+    of block k. pair_count: the pairs layout's lines a block (i64, 16 at run time)."""
     sums = [[splat(b, start)] * 2 for start in starts]
     if lines(name, path) == 16:
-        for p in steps:
-            w = [b.bitcast(line, I16X32) for line in _weight_lines(b, words, 16, k, p)]
-            sums = [[b.add(sums[r][c], _word_products(b, w[c], xp)) for c in range(2)]
-                    for r, xp in enumerate(_x_pairs(b, qrows, k, p))]
-        return sums
+        # a loop over the pairs whose count LLVM does not know: unrolled, it sums each row's products in a
+        # tree and keeps all 16 pairs' weight lines for the next row, spilling them
+        acc = [[cgutils.alloca_once_value(b, s) for s in row] for row in sums]
+        with cgutils.for_range(b, pair_count) as loop:
+            w = [b.bitcast(line, I16X32) for line in _weight_lines(b, words, 16, k, loop.index)]
+            for row, xp in zip(acc, _x_pairs(b, qrows, k, loop.index)):
+                for c in range(2):
+                    b.store(b.add(b.load(row[c]), _word_products(b, w[c], xp)), row[c])
+        return [[b.load(a) for a in row] for row in acc]
     run = INT16_RUN[name] if path == "avx2" else 1
     for first in range(0, len(steps), run):
         pairs = None  # AVX2: [row of x][group] the run's int16 pair sums, two halves
         for g in steps[first:first + run]:
-            w = [b.bitcast(line, ir.VectorType(I8, 64)) for line in _weight_lines(b, words, 8, k, g)]
+            w = [b.bitcast(line, ir.VectorType(I8, 64)) for line in _weight_lines(b, words, 8, k, i64(g))]
             xbs = _x_fours(b, qrows, k, g)
             if path == "vnni":
                 sums = [[vpdpbusd(b, sums[r][c], w[c], xb) for c in range(2)] for r, xb in enumerate(xbs)]
@@ -199,17 +211,17 @@ def _integer_sums(b, name, path, words, qrows, k, starts, steps):
 
 
 def _weight_lines(b, words, count, k, g):
-    """The two groups' lines g of block k (of `count` a block), <16 x i32> each."""
-    line0 = b.mul(k, i64(2 * count * 16))
-    return [load_vector(b, b.gep(words, [b.add(line0, i64(16 * (count * c + g)))]), 0, I32, 16)
-            for c in range(2)]
+    """The two groups' lines g (an i64) of block k (of `count` a block), <16 x i32> each."""
+    line0 = b.add(b.mul(k, i64(2 * count * 16)), b.mul(g, i64(16)))
+    return [load_vector(b, b.gep(words, [b.add(line0, i64(16 * count * c))]), 0, I32, 16) for c in range(2)]
 
 
 def _x_pairs(b, qrows, k, p):
-    """Each row's pair p of x's int16 at block k, broadcast to <32 x i16>."""
+    """Each row's pair p (an i64) of x's int16 at block k, broadcast to <32 x i16>."""
     out = []
     for qrow in qrows:
-        pair = b.load(b.bitcast(b.gep(qrow, [b.add(b.mul(k, i64(32)), i64(2 * p))]), ir.PointerType(I32)))
+        at = b.gep(qrow, [b.add(b.mul(k, i64(32)), b.mul(p, i64(2)))])
+        pair = b.load(b.bitcast(at, ir.PointerType(I32)))
         pair.align = 2
         out.append(b.bitcast(splat(b, pair), I16X32))
     return out
@@ -244,7 +256,7 @@ def _panel_lines(b, base, index):
 @intrinsic(prefer_literal=True)
 def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x0, k0, k1, partial, out,
                       col0):
-    """Rows x0.. x0 + CALL_ROWS[path] - 1 of x (q int8 [n', 32nb], int16 for the pairs layout; d float32
+    """Rows x0.. x0 + call_rows(kind, path) - 1 of x (q int8 [n', 32nb], int16 for the pairs layout; d float32
     [n', nb]; sums int32 [n', 2nb]: each 16 values' sum of q) times the packed panel of `kind` over its
     32-value blocks k0.. k1 - 1, on `path` ("vnni" or "avx2"), term by term in block order: added to their
     sums over the blocks before k0, kept in partial [n', 32] float32, and where k1 is the last block, written
@@ -259,7 +271,8 @@ def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x
         x0, k0, k1, col0 = args[8], args[9], args[10], args[13]
         b = builder
         nb = cgutils.unpack_tuple(b, da.shape)[1]
-        n = CALL_ROWS[on]
+        pair_count = cgutils.unpack_tuple(b, pa.shape)[2]
+        n = call_rows(name, on)
         qrows = [b.gep(qa.data, [b.mul(b.add(x0, i64(r)), b.mul(nb, i64(32)))]) for r in range(n)]
         drows = [b.mul(b.add(x0, i64(r)), nb) for r in range(n)]
         words = b.bitcast(pa.data, ir.PointerType(I32))
@@ -275,7 +288,7 @@ def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x
                        for h in range(2)] for r in range(n)]
             dx = [splat(b, b.load(b.gep(da.data, [b.add(drows[r], k)]))) for r in range(n)]
             for starts, steps, index in _parts(b, name, on, halves, k):
-                sums = _integer_sums(b, name, on, words, qrows, k, starts, steps)
+                sums = _integer_sums(b, name, on, words, qrows, k, starts, steps, pair_count)
                 dw = _panel_lines(b, sa.data, index)
                 for r in range(n):
                     for c in range(2):
@@ -339,7 +352,7 @@ def _driver(kind: str, path: str):
     """The product for `kind` on `path`: x float32 [n, >= 32nb'] @ W.T -> out float32 [n, rows], W `kind`
     data of nb whole blocks a row (nb' = nb * values per block / 32)."""
     per = BLOCKS[kind].size // 32
-    scales_per, call_rows, count = SCALES[kind], CALL_ROWS[path], lines(kind, path)
+    scales_per, rows_a_call, count = SCALES[kind], call_rows(kind, path), lines(kind, path)
     k_chunk = max(1, K_CHUNK_BYTES[path] // (2 * count * 64))
     x_quants = _as_int16 if count == 16 else _as_int8
 
@@ -357,7 +370,7 @@ def _driver(kind: str, path: str):
             _pack_panel(kind, path, data, t * PANEL, nb, packed, scales, mins)
             partial = np.empty((q.shape[0] if nb * per > k_chunk else 1, PANEL), np.float32)
             for k0 in range(0, nb * per, k_chunk):
-                for x0 in range(0, q.shape[0], call_rows):
+                for x0 in range(0, q.shape[0], rows_a_call):
                     _rows_times_panel(kind, path, packed, scales, mins, q, d, sums, x0, k0,
                                       min(nb * per, k0 + k_chunk), partial, out, t * PANEL)
     gemm.__name__ = gemm.__qualname__ = f"gemm_{kind}_int8_{path}"
