@@ -18,8 +18,9 @@ whose int16 sums are added over a run of fours (INT16_RUN) before one vpmaddwd w
 sums. Q8_0's quants are signed, and vpmaddubsw needs one operand unsigned (|w| against x with w's sign
 costs a sign step per product); its AVX2 panel is packed in pairs instead: per 32 values, 16 lines of 64
 bytes, line p holding quants 2p, 2p+1 of each of 16 weight rows sign-extended to int16, which one vpmaddwd
-multiplies by a pair of x's int8 (as int16, broadcast) into int32 sums, with no offset to take back. The
-integer sums are the same, so both paths give the same bits.
+multiplies by a pair of x's int8 (as int16, broadcast) into int32 sums, with no offset to take back; a call
+takes two rows of x, which share each pair's weight lines in registers (call_rows). The integer sums are the
+same, so both paths give the same bits.
 """
 from __future__ import annotations
 
