@@ -181,7 +181,8 @@ I16X32, I32X16 = ir.VectorType(I16, 32), ir.VectorType(I32, 16)
 
 def _integer_sums(b, name, path, words, qrows, k, starts, steps, pair_count):
     """[row of x][group of 16 weight rows] <16 x i32>: starts + the products over the steps (fours or pairs)
-    of block k. pair_count: the pairs layout's lines a block (i64, 16 at run time)."""
+    of block k. pair_count: the pairs layout's lines a block (an i64, len(steps) at run time), the bound of
+    its loop."""
     sums = [[splat(b, start)] * 2 for start in starts]
     if lines(name, path) == 16:
         # a loop over the pairs whose count LLVM does not know: unrolled, it sums each row's products in a
