@@ -27,12 +27,12 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from nanoasr.api import Model  # noqa: E402
+from nanoasr.api import BATCH_SIZE, Model  # noqa: E402
 from nanoasr.backend import ACTIVATIONS  # noqa: E402
 from nanoasr.model import decoder  # noqa: E402
 from tools.synth import speech_like  # noqa: E402
 
-ROWS = 8  # segments decoded together (nanoasr.api.BATCH_SIZE)
+ROWS = BATCH_SIZE  # segments decoded together, as long audio decodes them
 PROMPT = 200  # positions of each row's prompt before the steps: a 30 s segment's
 
 
