@@ -40,10 +40,11 @@ from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, concate
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
 X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 16 lanes
-# Packed bytes of the panel all rows of x meet before the next ones. AVX2, one or two rows of x a call:
-# 32 KiB, which stay in the core's first-level cache while every row reads them; VNNI, four rows a call, the
-# whole panel
-K_CHUNK_BYTES = {"vnni": 1 << 40, "avx2": 32 << 10}
+# 32-value blocks of a row that all rows of x meet before the next ones. AVX2: 16, 512 values: 16 KiB of
+# packed fours, which stay in the core's first-level cache while every row reads them (twice that overflowed
+# it), and 32 KiB of Q8_0's pairs, which a call's two rows share (half that split the encoder's products of
+# 512 columns in two; many_rows.md). VNNI, four rows a call: the whole panel
+K_CHUNK_BLOCKS = {"vnni": 1 << 40, "avx2": 16}
 # Values of a row a panel is packed by at a time, a group of 16 rows after the other, block by block across
 # the group's rows: the chunk of each row is read in a run of 1024 values, and the run after it is prefetched
 # (the hardware prefetcher does not follow 16 rows' streams)
@@ -355,7 +356,7 @@ def _driver(kind: str, path: str):
     data of nb whole blocks a row (nb' = nb * values per block / 32)."""
     per = BLOCKS[kind].size // 32
     scales_per, rows_a_call, count = SCALES[kind], call_rows(kind, path), lines(kind, path)
-    k_chunk = max(1, K_CHUNK_BYTES[path] // (2 * count * 64))
+    k_chunk = K_CHUNK_BLOCKS[path]
     x_quants = _as_int16 if count == 16 else _as_int8
 
     def gemm(x, data, nb, out):
