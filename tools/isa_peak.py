@@ -17,7 +17,8 @@ instructions' ports set the pace rather than their latency, and LLVM can neither
 Each line gives G multiply-adds per second on one thread and on `--threads` (one chain set per thread), and
 the one-thread rate against the 256-bit FMA's: how much faster than float32 arithmetic an int8 product on
 that step can run at best. `--isa avx2` holds the compile to an AVX2-only CPU's instructions (the lines it
-lacks are left out); the rates are this machine's cores'.
+lacks are left out); the rates are this machine's cores'. Where AVX512-VNNI is there, LLVM fuses vpmaddwd +
+vpaddd into vpdpwssd, so the AVX2 steps' native lines measure that instead.
 """
 from __future__ import annotations
 
