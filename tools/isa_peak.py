@@ -12,7 +12,8 @@ instructions' ports set the pace rather than their latency, and LLVM can neither
   int8 fours      vpmaddubsw + vpmaddwd + vpaddd on 256 bits: 32 products of unsigned by signed bytes a
                   step, the int8 GEMM's for Q4_K and Q6_K on AVX2 (their quants are unsigned);
   int8 signed fours  the same after vpsignb gives one operand the other's signs: signed by signed bytes
-                  (Q8_0's quants) as the AVX2 decode kernels multiply them (kernels/int8_dot.py);
+                  (Q8_0's quants), the AVX2 decode kernels' step (kernels/int8_dot.py, whose sign step
+                  compiles to vpxor + vpsubb: one instruction more than here);
   int8 VNNI       vpdpbusd on 512 bits: 64 byte products a step, with AVX512-VNNI.
 Each line gives G multiply-adds per second on one thread and on `--threads` (one chain set per thread), and
 the one-thread rate against the 256-bit FMA's: how much faster than float32 arithmetic an int8 product on

@@ -180,16 +180,15 @@ INT16_RUN = {"q4_k": 8, "q6_k": 2}
 I16X32, I32X16 = ir.VectorType(I16, 32), ir.VectorType(I32, 16)
 
 
-def _integer_sums(b, name, path, words, qrows, k, starts, steps, pair_count):
+def _integer_sums(b, name, path, words, qrows, k, starts, steps):
     """[row of x][group of 16 weight rows] <16 x i32>: starts + the products over the steps (fours or pairs)
-    of block k. pair_count: the pairs layout's lines a block (an i64, len(steps) at run time), the bound of
-    its loop."""
+    of block k."""
     sums = [[splat(b, start)] * 2 for start in starts]
     if lines(name, path) == 16:
-        # a loop over the pairs whose count LLVM does not know: unrolled, it sums each row's products in a
-        # tree and keeps all 16 pairs' weight lines for the next row, spilling them
+        # a loop over the pairs, which LLVM unrolls by two: the 16 pairs written out, it summed each row's
+        # products in a tree and kept all 16 pairs' weight lines for the next row, spilling them
         acc = [[cgutils.alloca_once_value(b, s) for s in row] for row in sums]
-        with cgutils.for_range(b, pair_count) as loop:
+        with cgutils.for_range(b, i64(len(steps))) as loop:
             w = [b.bitcast(line, I16X32) for line in _weight_lines(b, words, 16, k, loop.index)]
             for row, xp in zip(acc, _x_pairs(b, qrows, k, loop.index)):
                 for c in range(2):
@@ -274,7 +273,6 @@ def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x
         x0, k0, k1, col0 = args[8], args[9], args[10], args[13]
         b = builder
         nb = cgutils.unpack_tuple(b, da.shape)[1]
-        pair_count = cgutils.unpack_tuple(b, pa.shape)[2]
         n = call_rows(name, on)
         qrows = [b.gep(qa.data, [b.mul(b.add(x0, i64(r)), b.mul(nb, i64(32)))]) for r in range(n)]
         drows = [b.mul(b.add(x0, i64(r)), nb) for r in range(n)]
@@ -291,7 +289,7 @@ def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x
                        for h in range(2)] for r in range(n)]
             dx = [splat(b, b.load(b.gep(da.data, [b.add(drows[r], k)]))) for r in range(n)]
             for starts, steps, index in _parts(b, name, on, halves, k):
-                sums = _integer_sums(b, name, on, words, qrows, k, starts, steps, pair_count)
+                sums = _integer_sums(b, name, on, words, qrows, k, starts, steps)
                 dw = _panel_lines(b, sa.data, index)
                 for r in range(n):
                     for c in range(2):
