@@ -182,14 +182,6 @@ def test_kernel_quantization_matches_the_twin_bit_for_bit():
         assert np.array_equal(block_sums[:, :rows].transpose(1, 0, 2).reshape(rows, nb), totals)
 
 
-def test_host_path_follows_the_cpu_features():
-    import llvmlite.binding as llvm
-
-    features = llvm.get_host_cpu_features()
-    vnni = features.get("avx512vnni") and features.get("avx512bw")
-    assert host_path() == ("vnni" if vnni else "avx2" if features.get("avx2") else None)
-
-
 def test_int8_product_refuses_wrong_arguments():
     with pytest.raises(ValueError, match="q8_0 data"):
         cpu.matvec_int8(np.zeros((1, 64), np.float32), np.zeros((4, 64), np.uint8), "q8_0", 4, 64,

@@ -37,10 +37,12 @@ def numba_features(monkeypatch):
     forget()
 
 
-def test_without_numba_settings_the_host_features_count(numba_features):
+def test_without_numba_settings_the_host_features_and_path_count(numba_features):
     numba_features(None)
     host = llvm.get_host_cpu_features()
     assert target.features() == {name: bool(on) for name, on in host.items()}
+    vnni = host.get("avx512vnni") and host.get("avx512bw")
+    assert int8_dot.host_path() == ("vnni" if vnni else "avx2" if host.get("avx2") else None)
 
 
 def test_numba_features_limit_the_product_paths(numba_features):
