@@ -13,12 +13,17 @@ from contextlib import contextmanager
 
 import uvicorn
 
+from nanoasr.server.connections import uvicorn_config
+
 UPLOAD_PREFIX = "nanoasr-upload-"
 
 
 @contextmanager
-def running(app):
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+def running(app, **connection_limits):
+    """`app` served as `nanoasr serve` serves it (nanoasr.server.connections), with `connection_limits`
+    (header_timeout_s, max_header_connections) when given."""
+    server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning",
+                                           **connection_limits))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

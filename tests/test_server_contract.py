@@ -235,7 +235,8 @@ def test_uploads_are_removed_after_a_disconnect_and_after_an_abandoned_stream(tm
         deadline = time.monotonic() + 10
         while httpx.get(base + "/health").json()["served"] < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert httpx.get(base + "/health").json() == {"status": "ok", "queued": 0, "served": 1}
+        health = {"status": "ok", "uploading": 0, "queued": 0, "served": 1}
+        assert httpx.get(base + "/health").json() == health
         assert upload_files(tmp_path) == []
     assert list(tmp_path.iterdir()) == []
 
@@ -253,14 +254,14 @@ def test_stalled_upload_gets_408_and_its_file_is_removed(tmp_path):
             assert time.monotonic() - start < 5
             assert upload_files(tmp_path) == []  # removed before the answer went out
             assert closed_by_server(sock, 5)
-        assert httpx.get(base + "/health").json()["queued"] == 0
+        assert httpx.get(base + "/health").json()["uploading"] == 0
         assert post(base).json() == {"text": "hello there general"}
 
 
-def test_uploads_in_progress_hold_queue_slots_and_the_rest_get_503_unread(tmp_path):
-    """30 clients stall mid-upload against a queue of 3: three hold a slot and a file, the rest are
+def test_uploads_in_progress_hold_upload_slots_and_the_rest_get_503_unread(tmp_path):
+    """30 clients stall mid-upload against 3 upload slots: three hold a slot and a file, the rest are
     refused before their bodies are read, and the three are timed out and their files removed."""
-    app = create_app(StandInModel(), max_queue=3, read_timeout_s=5, upload_dir=str(tmp_path))
+    app = create_app(StandInModel(), max_uploads=3, read_timeout_s=5, upload_dir=str(tmp_path))
     with running(app) as base:
         holders = [stalled_upload(base) for _ in range(3)]
         wait_until(lambda: len(upload_files(tmp_path)) == 3, what="three upload files exist")
@@ -270,13 +271,14 @@ def test_uploads_in_progress_hold_queue_slots_and_the_rest_get_503_unread(tmp_pa
         assert [status for status, _ in heads] == [503] * 27
         assert all(b"retry-after: " in head for _, head in heads)
         assert len(upload_files(tmp_path)) == 3
-        assert httpx.get(base + "/health").json()["queued"] == 3
+        assert httpx.get(base + "/health").json()["uploading"] == 3
         assert [response_head(sock, 10)[0] for sock in holders] == [408] * 3
         assert upload_files(tmp_path) == []
         for sock in holders + refused:
             sock.close()
         assert post(base).status_code == 200
-        assert httpx.get(base + "/health").json() == {"status": "ok", "queued": 0, "served": 1}
+        health = {"status": "ok", "uploading": 0, "queued": 0, "served": 1}
+        assert httpx.get(base + "/health").json() == health
 
 
 def test_start_sweeps_abandoned_upload_dirs_but_not_a_running_servers(tmp_path):

@@ -30,11 +30,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-upload-mb", type=positive(float), default=25,
                         help="largest accepted upload, MiB")
     parser.add_argument("--max-queue", type=positive(int), default=16,
-                        help="requests uploading, waiting or running before new ones get 503")
+                        help="uploaded requests waiting or running before new ones get 503")
+    parser.add_argument("--max-uploads", type=positive(int), default=32,
+                        help="uploads in progress before new ones get 503")
     parser.add_argument("--max-duration", type=positive(float), default=3600,
                         help="longest accepted audio, seconds (longer gets 413)")
     parser.add_argument("--read-timeout", type=positive(float), default=30,
                         help="seconds an upload may send no data before it gets 408 and is discarded")
+    parser.add_argument("--min-upload-rate", type=positive(float), default=16, metavar="KIB_S",
+                        help="slowest accepted upload, KiB/s: an upload gets --read-timeout seconds plus one "
+                             "for each KIB_S KiB it has sent, then 408")
+    parser.add_argument("--upload-timeout", type=positive(float), default=600,
+                        help="seconds the whole upload may take, however fast, before it gets 408")
+    parser.add_argument("--header-timeout", type=positive(float), default=10,
+                        help="seconds a connection may take to send a request's headers (from its opening or "
+                             "its previous response) before it is closed")
+    parser.add_argument("--max-header-connections", type=positive(int), default=64,
+                        help="connections still sending headers; past this the longest waiting is closed")
     parser.add_argument("--upload-dir", default=None,
                         help="directory in which the server makes its own directory for uploads in progress "
                              "(default: the system's temporary directory)")
@@ -62,6 +74,8 @@ def main(argv: list[str]) -> int:
         import fastapi  # noqa: F401
         import python_multipart  # noqa: F401
         import uvicorn
+
+        from nanoasr.server.connections import uvicorn_config
     except ImportError as exc:
         error(PROG, f"the server needs the 'server' extra ({exc.name} is missing): "
                     'pip install "nanoasr[server]"')
@@ -70,8 +84,14 @@ def main(argv: list[str]) -> int:
         app = _app(args)
         if app is None:
             return EXIT_FAILED
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    return EXIT_OK
+        server = uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
+                                               header_timeout_s=args.header_timeout,
+                                               max_header_connections=args.max_header_connections))
+        try:
+            server.run()
+        except KeyboardInterrupt:
+            pass
+    return EXIT_OK if server.started else EXIT_FAILED
 
 
 def _app(args):
@@ -86,5 +106,6 @@ def _app(args):
         error(PROG, exc)
         return None
     return create_app(model, api_key=args.api_key, max_upload_mb=args.max_upload_mb, max_queue=args.max_queue,
-                      max_duration_s=args.max_duration, read_timeout_s=args.read_timeout,
-                      upload_dir=args.upload_dir)
+                      max_uploads=args.max_uploads, max_duration_s=args.max_duration,
+                      read_timeout_s=args.read_timeout, upload_timeout_s=args.upload_timeout,
+                      min_upload_kib_s=args.min_upload_rate, upload_dir=args.upload_dir)

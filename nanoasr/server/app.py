@@ -1,6 +1,9 @@
 """The FastAPI app. Routes, error handlers and the API-key check are defined here once; each reads the one
 Service that create_app keeps in the app's state."""
 
+import collections
+import logging
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request
@@ -9,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nanoasr.server.errors import ApiError, internal_error
+from nanoasr.server.multipart import UploadTimes
 from nanoasr.server.openapi import OPENAPI_REQUEST, OPENAPI_RESPONSES
 from nanoasr.server.responses import event_stream_response, transcript_response
 from nanoasr.server.service import Service
@@ -16,6 +20,8 @@ from nanoasr.server.service import Service
 MODEL_ID = "fun-asr-nano"
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 MIB = 1024 * 1024
+KIB = 1024
+log = logging.getLogger("nanoasr.server")
 
 router = APIRouter()
 
@@ -27,7 +33,7 @@ def service_of(request: Request) -> Service:
 @router.get("/health")
 async def health(request: Request):
     queue = service_of(request).queue
-    return {"status": "ok", "queued": queue.pending, "served": queue.served}
+    return {"status": "ok", "uploading": queue.uploading, "queued": queue.pending, "served": queue.served}
 
 
 @router.get("/v1/models")
@@ -84,9 +90,46 @@ ERROR_HANDLERS = {ApiError: on_api_error, RequestValidationError: on_validation_
                   StarletteHTTPException: on_http_error, Exception: on_unexpected}
 
 
+class RequestLog:
+    """One log line per request, once its response is sent: client, method, path, status and duration."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = time.monotonic(), [500]  # 500 unless a response starts: the app raised
+
+        async def send_noting_status(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting_status)
+        finally:
+            client = "%s:%d" % tuple(scope["client"]) if scope.get("client") else "-"
+            log.info('%s - "%s %s" %d in %.3f s', client, scope["method"], scope["path"], status[0],
+                     time.monotonic() - start)
+
+
+def model_summary(model) -> str:
+    """Where the model came from and its stored types, e.g. `/models/nano (gguf) q8_0 x 310, f32 x 200`."""
+    checkpoint = getattr(model, "checkpoint", None)
+    if checkpoint is None:
+        return type(model).__name__
+    source = checkpoint.source
+    origin = f"{source.get('repo')}@{source.get('revision')}, " if source.get("repo") else ""
+    types = collections.Counter(t.dtype for t in checkpoint.tensors.values())
+    return (f"{source.get('path')} ({origin}{source.get('format')}) "
+            + ", ".join(f"{dtype} x {count}" for dtype, count in types.most_common()))
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     """The upload directory lives as long as the server."""
+    log.info("model: %s", model_summary(app.state.service.model))
     uploads = app.state.service.uploads
     uploads.open()
     try:
@@ -96,20 +139,24 @@ async def lifespan(app: FastAPI):
 
 
 def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, max_queue: int = 16,
-               max_duration_s: float = 3600, read_timeout_s: float = 30, upload_dir: str | None = None):
+               max_uploads: int = 32, max_duration_s: float = 3600, read_timeout_s: float = 30,
+               upload_timeout_s: float = 600, min_upload_kib_s: float = 16, upload_dir: str | None = None):
     """The ASGI app serving `model` (a nanoasr Model, or anything whose transcribe() takes a DecodedAudio).
 
-    Uploads are written to temporary files in this server's own directory inside `upload_dir` (the
-    system's temporary directory when None), made at startup and removed at shutdown; each file is
-    removed as soon as its audio is decoded or its request fails.
+    At most `max_uploads` uploads arrive at once, each within the times of multipart.UploadTimes;
+    `max_queue` complete ones wait or run. Uploads are written to temporary files in this server's own
+    directory inside `upload_dir` (the system's temporary directory when None), made at startup and removed
+    at shutdown; each file is removed as soon as its audio is decoded or its request fails.
     """
     app = FastAPI(title="nanoasr", version="1", lifespan=lifespan,
                   description="OpenAI-compatible speech-to-text with Fun-ASR-Nano")
+    times = UploadTimes(read_timeout_s, upload_timeout_s, min_upload_kib_s * KIB)
     app.state.service = Service(model, api_key=api_key, max_bytes=int(max_upload_mb * MIB),
-                                max_queue=max_queue, max_duration_s=max_duration_s,
-                                read_timeout_s=read_timeout_s, upload_dir=upload_dir)
+                                max_queue=max_queue, max_uploads=max_uploads, max_duration_s=max_duration_s,
+                                upload_times=times, upload_dir=upload_dir)
     app.include_router(router)
     for error, handler in ERROR_HANDLERS.items():
         app.add_exception_handler(error, handler)
     app.middleware("http")(require_key)
+    app.add_middleware(RequestLog)
     return app

@@ -5,6 +5,8 @@ that cannot be accepted is refused before it is read or drained (bounded) before
 import asyncio
 import os
 import tempfile
+import time
+from dataclasses import dataclass
 
 from nanoasr.server.errors import ApiError
 from nanoasr.server.uploads import UPLOAD_PREFIX, remove
@@ -146,27 +148,62 @@ def drain_limit(max_bytes: int) -> int:
     return DRAIN_FACTOR * max_bytes + FIELD_LIMIT
 
 
-async def body_chunks(request, read_timeout_s: float):
-    """The request body as it arrives; ApiError(408) when no bytes arrive for `read_timeout_s`."""
+@dataclass(frozen=True)
+class UploadTimes:
+    """How long an upload may take: at most `idle_s` without data; in all, `idle_s` plus one second per
+    `min_rate` bytes received so far (Apache's MinRate), so a client trickling bytes is cut off however
+    often it sends them; and never more than `total_s`."""
+
+    idle_s: float = 30
+    total_s: float = 600
+    min_rate: float = 16 * 1024  # bytes per second
+
+    def allowed_s(self, received: int) -> float:
+        """Seconds from its start that an upload which has sent `received` bytes may have taken."""
+        return min(self.total_s, self.idle_s + received / self.min_rate)
+
+    def timed_out(self, received: int, idle: bool) -> ApiError:
+        """The 408 for an upload that sent no data for `idle_s` (`idle`) or ran out of time in all."""
+        if idle:
+            return upload_408(f"no upload data arrived for {self.idle_s:g} s (the server's read timeout)",
+                              "read_timeout")
+        if self.allowed_s(received) >= self.total_s:
+            return upload_408(f"the upload took longer than {self.total_s:g} s (the server's upload timeout)",
+                              "upload_timeout")
+        return upload_408(f"the upload arrived slower than {self.min_rate / 1024:g} KiB/s, the server's "
+                          f"minimum upload rate ({received} bytes in {self.allowed_s(received):.1f} s)",
+                          "upload_too_slow")
+
+
+def upload_408(why: str, code: str) -> ApiError:
+    # the client is too slow for the rest of its body to matter, so the connection is closed unread
+    return ApiError(408, f"{why}; the upload was discarded", code=code, headers={"Connection": "close"})
+
+
+async def body_chunks(request, times: UploadTimes):
+    """The request body as it arrives; ApiError(408) once it is slower than `times` allow."""
     from starlette.requests import ClientDisconnect
 
+    start, received = time.monotonic(), 0
     while True:
+        left = times.allowed_s(received) - (time.monotonic() - start)
         try:
-            message = await asyncio.wait_for(request.receive(), read_timeout_s)
+            if left <= 0:
+                raise asyncio.TimeoutError
+            message = await asyncio.wait_for(request.receive(), min(times.idle_s, left))
         except asyncio.TimeoutError:
-            # the client is silent, so nothing unread is lost by closing the connection
-            raise ApiError(408, f"no upload data arrived for {read_timeout_s:g} s (the server's read "
-                                "timeout); the upload was discarded", code="read_timeout",
-                           headers={"Connection": "close"}) from None
+            raise times.timed_out(received, idle=left > times.idle_s) from None
         if message["type"] == "http.disconnect":
             raise ClientDisconnect()
-        yield message.get("body", b"")
+        body = message.get("body", b"")
+        received += len(body)
+        yield body
         if not message.get("more_body", False):
             return
 
 
 async def read_upload(request, boundary: bytes, upload_dir: str, max_bytes: int,
-                      read_timeout_s: float) -> UploadForm:
+                      times: UploadTimes) -> UploadForm:
     """The request's form with its file part on disk; on bad input, ApiError (the temporary file removed)."""
     from python_multipart.exceptions import FormParserError
     from python_multipart.multipart import MultipartParser
@@ -176,7 +213,7 @@ async def read_upload(request, boundary: bytes, upload_dir: str, max_bytes: int,
     parser = MultipartParser(boundary, form.callbacks())
     seen = 0
     try:
-        async for chunk in body_chunks(request, read_timeout_s):
+        async for chunk in body_chunks(request, times):
             seen += len(chunk)
             if form.problem is None:
                 parser.write(chunk)

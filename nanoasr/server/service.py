@@ -1,7 +1,8 @@
 """One server's state and the transcription route's work: admission, the upload, decoding and the model.
 
-Requests run one at a time, in arrival order, on a single worker thread. A request takes its queue slot before
-its upload is read, so uploads in progress and jobs together never exceed the queue.
+Requests run one at a time, in arrival order, on a single worker thread. A request holds an upload slot while
+its body arrives and takes its queue slot only once the upload is complete, so a slow client holds no decode
+capacity; uploads in progress have their own limit, and their own time limits (multipart.UploadTimes).
 """
 
 import asyncio
@@ -11,32 +12,42 @@ from concurrent.futures import ThreadPoolExecutor
 from nanoasr.errors import NanoasrError, OptionError
 from nanoasr.server.errors import ApiError, api_error, refused_field
 from nanoasr.server.fields import RequestOptions, request_options
-from nanoasr.server.multipart import UploadForm, read_upload, upload_boundary
+from nanoasr.server.multipart import UploadForm, UploadTimes, read_upload, upload_boundary
 from nanoasr.server.uploads import UploadDir
 
 
 class Queue:
-    """Admission control: a request holds a slot from before its upload is read until its job is done."""
+    """Admission control. A request holds an upload slot while its body arrives and a job slot from its
+    complete upload until its job is done, so slow uploads never hold decode capacity."""
 
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.pending = 0
+    def __init__(self, limit: int, upload_limit: int):
+        self.limit, self.upload_limit = limit, upload_limit
+        self.pending = 0  # jobs waiting for the worker or running
+        self.uploading = 0
         self.served = 0  # jobs the worker has finished: a transcript, or an error found in the audio or model
         self._lock = threading.Lock()
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nanoasr-worker")
 
-    def admit(self) -> None:
+    def admit_upload(self) -> None:
+        """Refuses the upload unread when either limit is reached: a full queue would refuse it once read."""
         with self._lock:
-            if self.pending >= self.limit:
-                raise ApiError(503, f"the server is busy ({self.pending} requests uploading or queued); "
-                                    "retry shortly", "server_error", code="queue_full",
-                               headers={"Retry-After": "5"})
+            self._check_jobs()
+            if self.uploading >= self.upload_limit:
+                raise busy(f"{self.uploading} uploads in progress", "uploads_full")
+            self.uploading += 1
+
+    def upload_ended(self) -> None:
+        with self._lock:
+            self.uploading -= 1
+
+    def admit_job(self) -> None:
+        with self._lock:
+            self._check_jobs()
             self.pending += 1
 
-    def leave(self) -> None:
-        """The request ended before reaching the worker (bad upload or fields)."""
-        with self._lock:
-            self.pending -= 1
+    def _check_jobs(self) -> None:
+        if self.pending >= self.limit:
+            raise busy(f"{self.pending} requests queued", "queue_full")
 
     def finish(self) -> None:
         with self._lock:
@@ -44,32 +55,38 @@ class Queue:
             self.served += 1
 
 
+def busy(what: str, code: str) -> ApiError:
+    return ApiError(503, f"the server is busy ({what}); retry shortly", "server_error", code=code,
+                    headers={"Retry-After": "5"})
+
+
 class Service:
     """The model, its limits, the queue, the upload directory and the API key of one server."""
 
-    def __init__(self, model, *, api_key: str | None, max_bytes: int, max_queue: int, max_duration_s: float,
-                 read_timeout_s: float, upload_dir: str | None):
+    def __init__(self, model, *, api_key: str | None, max_bytes: int, max_queue: int, max_uploads: int,
+                 max_duration_s: float, upload_times: UploadTimes, upload_dir: str | None):
         self.model, self.api_key, self.max_bytes = model, api_key, max_bytes
-        self.max_duration_s, self.read_timeout_s = max_duration_s, read_timeout_s
-        self.queue = Queue(max_queue)
+        self.max_duration_s, self.upload_times = max_duration_s, upload_times
+        self.queue = Queue(max_queue, max_uploads)
         self.uploads = UploadDir(upload_dir)
 
     async def receive(self, request) -> tuple[UploadForm, RequestOptions]:
-        """Admits the request, then reads and checks its form; on any failure the slot is given back."""
+        """Reads the upload in an upload slot, checks its form, then queues it; on any failure the upload file
+        is removed and every slot given back."""
         boundary = upload_boundary(request.headers, self.max_bytes)
-        self.queue.admit()
-        form = None
+        self.queue.admit_upload()
         try:
-            form = await read_upload(request, boundary, self.uploads.path, self.max_bytes,
-                                     self.read_timeout_s)
+            form = await read_upload(request, boundary, self.uploads.path, self.max_bytes, self.upload_times)
+        finally:
+            self.queue.upload_ended()
+        try:
             options = request_options(form.fields)
             form.require_file()
             self.check_model_options(options)
+            self.queue.admit_job()
             return form, options
         except BaseException:
-            if form is not None:
-                form.discard()
-            self.queue.leave()
+            form.discard()
             raise
 
     def check_model_options(self, options: RequestOptions) -> None:
