@@ -3,6 +3,7 @@ socket clients that misbehave in ways an HTTP library will not."""
 import os
 import pathlib
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -124,3 +125,36 @@ def closed_by_server(sock: socket.socket, timeout: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+HALF_HEADER = b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
+
+
+def half_header(base: str, sent: bytes = HALF_HEADER) -> socket.socket:
+    """A client that sends the start of a request's headers (`sent`), then nothing. The caller closes it."""
+    host, port = base.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(sent)
+    return sock
+
+
+def trickle_until_closed(sock: socket.socket, every_s: float, limit_s: float = 20,
+                         chunk: bytes = b"\0") -> bytes:
+    """Sends `chunk` every `every_s` until the server closes the connection; returns what it sent back.
+    AssertionError if it is still open after `limit_s`."""
+    deadline, received = time.monotonic() + limit_s, b""
+    while time.monotonic() < deadline:
+        if select.select([sock], [], [], every_s)[0]:
+            try:
+                data = sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                return received
+            received += data
+            continue
+        try:
+            sock.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed: the next recv sees it
+    raise AssertionError(f"the server did not close the connection within {limit_s} s")
