@@ -364,7 +364,9 @@ def test_serve_help_and_bad_options_need_no_extra():
             "import runpy; runpy.run_module('nanoasr', run_name='__main__')")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0
-    for option in ("--max-upload-mb", "--max-queue", "--max-duration", "--read-timeout", "--upload-dir"):
+    for option in ("--max-upload-mb", "--max-queue", "--max-uploads", "--max-duration", "--read-timeout",
+                   "--min-upload-rate", "--upload-timeout", "--header-timeout", "--max-header-connections",
+                   "--upload-dir"):
         assert option in done.stdout
     for option, value in (("--max-queue", "0"), ("--max-duration", "nan"), ("--read-timeout", "inf")):
         bad = subprocess.run([sys.executable, "-m", "nanoasr", "serve", option, value], cwd=ROOT,

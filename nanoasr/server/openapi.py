@@ -32,7 +32,8 @@ OPENAPI_RESPONSES = {
         "text/event-stream": {}}},
     **{status: {"description": what, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
        for status, what in ((400, "bad audio or fields"), (401, "missing or wrong API key"),
-                            (408, "no upload data for the read timeout"),
+                            (408, "an upload too slow: no data for the read timeout, slower than the minimum "
+                                  "rate, or past the upload timeout"),
                             (413, "upload or audio duration over the limit"),
-                            (503, "queue full; see Retry-After"))},
+                            (503, "queue or upload slots full; see Retry-After"))},
 }
