@@ -21,7 +21,8 @@ MODEL_ID = "fun-asr-nano"
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 MIB = 1024 * 1024
 KIB = 1024
-log = logging.getLogger("nanoasr.server")
+LOGGER = "nanoasr.server"  # the model at startup and a line per request
+log = logging.getLogger(LOGGER)
 
 router = APIRouter()
 
@@ -99,18 +100,19 @@ class RequestLog:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        start, status = time.monotonic(), [500]  # 500 unless a response starts: the app raised
+        start, status = time.monotonic(), 500  # 500 unless a response starts: the app raised
 
         async def send_noting_status(message):
+            nonlocal status
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status = message["status"]
             await send(message)
 
         try:
             await self.app(scope, receive, send_noting_status)
         finally:
             client = "%s:%d" % tuple(scope["client"]) if scope.get("client") else "-"
-            log.info('%s - "%s %s" %d in %.3f s', client, scope["method"], scope["path"], status[0],
+            log.info('%s - "%s %s" %d in %.3f s', client, scope["method"], scope["path"], status,
                      time.monotonic() - start)
 
 

@@ -2,14 +2,15 @@
 (or from its previous response) and is then closed, and at most `limit` exist at once, the one that has
 waited longest closed to make room. uvicorn bounds neither, so a client that sends a header line now and
 then would keep its connection for ever; this bounds what such clients hold to `limit` sockets for
-`timeout_s` each, while a client that sends its headers at once is never held up.
+`timeout_s` each. A client that sends its headers at once is closed only if `limit` newer connections
+arrive while it sends them.
 """
 
 import copy
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-LOGGER = "nanoasr.server"
+from nanoasr.server.app import LOGGER
 
 
 class HeaderDeadlines:
