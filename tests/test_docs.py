@@ -38,7 +38,7 @@ SKIPPED = [  # (pattern searched in the command, why it is not run)
     (r"nanoasr serve|^curl ", "a server that runs until stopped, and requests to it "
                               "(tests/test_server_live.py runs the server and the openai client against it)"),
     (r"nanoasr batch|^ray job submit", "starts a Ray runtime or needs a cluster "
-                                        "(tests/test_ray.py runs `nanoasr batch` on the tiny model)"),
+                                       "(tests/test_ray.py runs `nanoasr batch` on the tiny model)"),
     (r"--device cuda|^tools/gpu_check\.sh", "needs an NVIDIA GPU"),
     (r"--word-timestamps", "needs FunASR's model.pt with its CTC branch, which the tiny checkpoint has not "
                            "(tests/test_timestamps.py covers word timestamps on a random CTC branch)"),
