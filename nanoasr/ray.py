@@ -24,7 +24,7 @@ from nanoasr.transcript import Transcript
 OPTIONS = ("language", "itn", "hotwords", "context", "reference", "max_new_tokens", "ignore_stop",
            "max_duration_s", "word_timestamps")
 STAGES = ("load_audio", "frontend", "encoder", "adaptor", "ctc", "prefill", "decode", "total")  # its timings
-INSTALL_HINT = 'pip install "nanoasr[ray]"'
+INSTALL_HINT = 'pip install ".[ray]" in the nanoasr checkout'
 
 
 def transcribe_dataset(ds, model=None, *, workers: int | None = None, threads_per_worker: int = 1, llm=None,

@@ -133,7 +133,7 @@ def test_missing_extra_is_named_with_its_install_command(tmp_path):
             "from nanoasr.cli import main\n"
             f"sys.exit(main(['batch', {str(tmp_path / 'a.wav')!r}, '-o', {str(tmp_path / 'out')!r}]))\n")
     done = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, timeout=120)
-    hint = 'pip install "nanoasr[ray]"'
+    hint = 'pip install ".[ray]" in the nanoasr checkout'
     assert hint in done.stdout.decode()
     assert done.returncode == 1 and hint in done.stderr.decode()
 

@@ -355,7 +355,7 @@ def test_serve_without_the_extra_says_what_to_install(missing):
             "import runpy; runpy.run_module('nanoasr', run_name='__main__')")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
-    assert 'pip install "nanoasr[server]"' in done.stderr and missing in done.stderr
+    assert 'pip install ".[server]" in the nanoasr checkout' in done.stderr and missing in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -4,7 +4,8 @@
                           [--llama-gguf qwen3.gguf] [--seconds 10] [--tokens 40] [--long-seconds 600]
                           [--threads 2] [--device cpu|cuda] [--activations exact|int8|bf16] [--rounds 3]
                           [--huge-pages off|on|both] [--isa native|avx2]
-                          [--json out.json] [--report docs/reports/performance.md]  (appends a dated section)
+                          [--json out.json] [--report docs/speed.md]
+    python tools/bench.py --report docs/speed.md --from run.json [--from other.json ...] [--drop RUN ...]
 
 Each configuration runs in its own process (so peak RSS is its own), with OPENBLAS_CORETYPE and
 OPENBLAS_L2_SIZE unset: users' machines do not set them, and they halve numpy's GEMM speed. The
@@ -16,6 +17,12 @@ four times the last-level cache, on as many threads as the runs use), against wh
 are reported. `--isa avx2` holds every side to the instructions of an AVX2-only x86 CPU (tools/measure.py),
 so that an AVX-512 machine measures the paths such CPUs run; llama.cpp must then be a build without AVX-512
 (pass its Python as --llama-python; the report shows its system info).
+
+`--report FILE` writes a markdown page: per run, the machine (CPU, target and the features `nanoasr doctor`
+reports), the date and the exact command, then the medians (decode ms/token, prefill, encoder + adaptor,
+real-time factors, peak RSS) and nanoasr's speed-ups over llama.cpp and Transformers in the same run. With
+`--from` it renders runs saved by `--json` instead of running anything (one section each, in order), leaving
+out the rows named by `--drop`.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -379,32 +387,26 @@ def summarize(samples: list[dict]) -> dict:
     return out
 
 
-COLUMNS = (  # (header, keys tried in order)
-    ("load s", ("load_s",)), ("first-run extra s", ("first_run_extra_s",)),
-    ("frontend 60 s, 1 thread ms", ("frontend_60s_1thread_ms",)),
-    ("encoder+adaptor, the clip, ms", ("encoder_adaptor_ms",)),
-    ("encoder+adaptor 30 s ms", ("encoder_adaptor_30s_ms",)),
-    ("prefill 196 ms", ("prefill196_ms",)),
-    ("prefill 196, 8 together, ms each", ("prefill196_x8_ms_each",)),
-    ("decode ms/token", ("decode_ms_per_token",)),
-    ("step ctx 64 ms", ("step_ms_ctx64_b1",)), ("step ctx 512 ms", ("step_ms_ctx512_b1",)),
-    ("decode step weights GB/s", ("decode_gb_per_s",)), ("batch-8 throughput x", ("batch8_speedup",)),
-    ("RTF, the clip", ("rtf",)), ("RTF long", ("long_rtf",)),
-    ("RTF long, segments one by one", ("long_sequential_rtf",)),
-    ("batched = sequential ids", ("long_batched_equals_sequential",)),
-    ("peak RSS MB", ("peak_rss_mb",)), ("file pages in 2 MiB pages", ("file_pages_2mib_share",)),
+PAGE_COLUMNS = (  # (header, key): the medians a page shows, in order; a column no run has is left out
+    ("decode ms/token", "decode_ms_per_token"),
+    ("prefill, 196 positions, ms", "prefill196_ms"),
+    ("prefill, 196 positions, 8 together, ms each", "prefill196_x8_ms_each"),
+    ("encoder + adaptor, 30 s, ms", "encoder_adaptor_30s_ms"),
+    ("real-time factor, {seconds} s clip", "rtf"),
+    ("real-time factor, {long_seconds} s", "long_rtf"),
+    ("peak RSS MB", "peak_rss_mb"),
+    ("peak device MB", "peak_device_mb"),
+    ("load s", "load_s"),
+    ("first run's extra s (compiling)", "first_run_extra_s"),
 )
-DEVICE_COLUMNS = (("peak device MB", ("peak_device_mb",)), ("device", ("device",)))  # runs on a GPU only
-
-
-def _cell(r: dict, keys) -> str:  # "median (min-max)" of the first key the run has
-    key = next((k for k in keys if k in r), None)
-    if key is None:
-        return ""
-    low_high = r.get("spread", {}).get(key)
-    if low_high and low_high[0] != low_high[1]:
-        return f"{_fmt(r[key])} ({_fmt(low_high[0])}-{_fmt(low_high[1])})"
-    return _fmt(r[key])
+SPEED_UPS = (  # (header, key, the other side's row): nanoasr's speed-up, the other's time over nanoasr's
+    ("decode, over llama.cpp", "decode_ms_per_token", "llama.cpp"),
+    ("prefill 196, over llama.cpp", "prefill196_ms", "llama.cpp"),
+    ("decode, over Transformers fp32", "decode_ms_per_token", "transformers fp32"),
+    ("encoder + adaptor 30 s, over Transformers fp32", "encoder_adaptor_30s_ms", "transformers fp32"),
+    ("the clip, over Transformers fp32", "rtf", "transformers fp32"),
+    ("the clip, over Transformers bf16", "rtf", "transformers bf16"),
+)
 
 
 def _fmt(v) -> str:
@@ -415,85 +417,92 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def report(results: dict, args) -> str:
-    m, bandwidth = results["machine"], results["read_bandwidth_gbs"]
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table without the columns (after the first) that no row fills."""
+    keep = [0] + [i for i in range(1, len(header)) if any(row[i] for row in rows)]
+    return ["| " + " | ".join(header[i] for i in keep) + " |", "|---" * len(keep) + "|",
+            *("| " + " | ".join(row[i] for i in keep) + " |" for row in rows)]
+
+
+def settings(results: dict) -> argparse.Namespace:
+    """The options a saved run was made with, read back from its command."""
+    return parser().parse_args(shlex.split(results["command"])[2:])
+
+
+def page(sources: list[dict], title: str = "Speed", note: str = "") -> str:
+    """The markdown page: a section per run (its machine, date, command, figures and speed-ups)."""
+    lines = [f"# {title}", "", *([note, ""] if note else []),
+             "Each figure is the median of the run's interleaved rounds (its JSON has the minimum and "
+             "maximum); speed-ups are the other program's time over nanoasr's in the same run, so above 1 "
+             "nanoasr is faster. The command that wrote this page is at its end."]
+    for results in sources:
+        lines += ["", *section(results)]
+    lines += ["", "Decode ms/token: the clip's forced transcription, its decode stage over the steps "
+              "(Transformers: the median step; llama.cpp: its Qwen3 decoder alone, one token at a time). "
+              "Prefill: 196 prompt positions, a 10 s clip's prompt. Real-time factor: the clip's second "
+              "transcription, seconds over the audio's seconds; the long audio has pauses and is segmented, "
+              "8 segments decoding together. Peak RSS: the process after transcribing and timing the stages. "
+              "First run's extra s: the first transcription's time over the second's, numba compiling the "
+              "kernels for this CPU (cached after).", "", "This page was written by", "", "```sh",
+              written_by(sys.argv[1:]), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def written_by(argv: list[str]) -> str:
+    """The command, an option a line."""
+    words = ["python tools/bench.py"] + [shlex.quote(w) for w in argv]
+    return "".join(f" \\\n    {w}" if w.startswith("--") and i > 0 else f" {w}" if i else w
+                   for i, w in enumerate(words))
+
+
+def section(results: dict) -> list[str]:
+    m, args, runs = results["machine"], settings(results), results["runs"]
     activations = "" if args.activations == "exact" else f", {args.activations} activations"
     held = "" if args.isa == "native" else f", held to {args.isa.upper()}"
-    day = time.strftime('%Y-%m-%d', time.gmtime())
-    unset = "OPENBLAS_L2_SIZE" if held else "OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE"
-    lines = [f"## {day}: {m['cpu']} (`{m['cpu_target']}`){held}{activations}", "",
-             f"Produced by `python tools/bench.py {' '.join(sys.argv[1:])}` "
-             f"({args.threads} threads, {args.seconds} s of speech-like audio with {args.tokens} tokens "
-             f"forced, `{args.reference}` profile, {unset} unset, {args.rounds} "
-             "interleaved rounds: each figure is the median, with the minimum and maximum in brackets).", "",
-             f"- CPU: {m['cpu']} ({m['cpus']} logical CPUs), target `{m['cpu_target']}`, "
-             f"features: {m['cpu_features']}",
-             f"- Read bandwidth ({args.threads} threads, streaming sum over {bandwidth_buffer_mib()} MiB): "
-             f"{_fmt(bandwidth['median'])} GB/s ({_fmt(bandwidth['min'])}-{_fmt(bandwidth['max'])})",
-             f"- BLAS: {'; '.join(m['blas'])}; Python {m['python']}",
-             *([f"- Held to {args.isa.upper()}: every child runs with "
-                + " ".join(f"{k}={v}" for k, v in ISA_ENVIRON[args.isa].items())] if held else []),
-             f"- llama.cpp system info: {m['llama_system_info']}", ""]
-    on_device = any("peak_device_mb" in r for r in results["runs"].values())
-    columns = COLUMNS + DEVICE_COLUMNS if on_device else COLUMNS
-    lines += ["| run | " + " | ".join(h for h, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for name, r in results["runs"].items():
-        if "error" in r:
-            lines.append(f"| {name} | failed: {r['error']} |")
-            continue
-        lines.append(f"| {name} | " + " | ".join(_cell(r, keys) for _, keys in columns) + " |")
-    lines += ["", *ratios(results["runs"], bandwidth["median"])]
-    lines += ["", "Decode ms/token is a step of the clip's forced transcription (nanoasr: its decode stage "
-              "over the steps; Transformers: the median step); "
-              "llama.cpp rows time its Qwen3 decoder alone (llama-cpp-python `eval`, one token at a time). "
-              "RTF long is a synthesized recording with pauses, segmented and decoded 8 segments at a time "
-              "(a finished row takes the next segment; segments that start together are prefilled in one "
-              "forward). Prefill 196, 8 together: eight such prompts in one forward, per prompt. "
-              "Peak RSS is taken after the transcriptions and stage timings, before the step timings fill "
-              "eight cache rows. Decode step weights GB/s: the stored matrices one step reads (all decoder "
-              "matrices and the LM head) over the median step after 64 positions; ratios are of medians. "
-              "File pages in 2 MiB pages: the share of the model files' resident mapped pages that the "
-              "kernel maps in 2 MiB pages (nanoasr/formats/mapping.py; with --huge-pages the matrices are "
-              "copies and the file's mapping keeps the rest)."]
-    long = [(name, r["long_stage_s"]) for name, r in results["runs"].items() if "long_stage_s" in r]
-    for name, stages in long:
-        lines += ["", f"Long audio through {name}, seconds per stage: {stages}."]
-    return "\n".join(lines) + "\n"
+    bandwidth = results["read_bandwidth_gbs"]["median"]
+    title = f"{m['cpu']} (`{m['cpu_target']}`){held}{activations}, a {args.seconds} s clip, {results['date']}"
+    lines = [f"## {title}", "",
+             f"- Command: `{results['command']}` ({args.threads} threads; a {args.seconds} s clip of "
+             f"speech-like audio with {args.tokens} tokens forced; {args.rounds} interleaved rounds)",
+             f"- CPU: {m['cpu']}, {m['cpus']} logical CPUs; the features `nanoasr doctor` reports: "
+             f"{m['cpu_features']}",
+             f"- Read bandwidth: {_fmt(bandwidth)} GB/s; BLAS: {'; '.join(m['blas'])}; Python {m['python']}",
+             *([f"- llama.cpp: {m['llama_system_info']}"] if any(n.startswith("llama.cpp") for n in runs)
+               else []),
+             ""]
+    done = {name: r for name, r in runs.items() if "error" not in r}
+    header = ["run"] + [h.format(seconds=args.seconds, long_seconds=args.long_seconds)
+                        for h, _ in PAGE_COLUMNS]
+    rows = [[name] + [_fmt(r.get(key)) for _, key in PAGE_COLUMNS] for name, r in done.items()]
+    rows += [[name, f"failed: {r['error']}"] + [""] * (len(PAGE_COLUMNS) - 1)
+             for name, r in runs.items() if "error" in r]
+    lines += _table(header, rows)
+    speed_ups = [[name] + [speed_up(r, key, other_run(done, other, name)) for _, key, other in SPEED_UPS]
+                 for name, r in done.items() if name.startswith("nanoasr")]
+    if any(any(row[1:]) for row in speed_ups):
+        lines += ["", *_table(["nanoasr run"] + [h for h, _, _ in SPEED_UPS], speed_ups)]
+    return lines
+
+
+def other_run(runs: dict, other: str, name: str) -> dict | None:
+    """The other program's row in the same run: llama.cpp's decoder of the same stored type, or
+    Transformers'."""
+    if other == "llama.cpp":
+        return next((r for n, r in runs.items() if n.startswith("llama.cpp")
+                     and _stored_type(n) == _stored_type(name)), None)
+    return runs.get(other)
+
+
+def speed_up(r: dict, key: str, other: dict | None) -> str:
+    if other is None or key not in r or key not in other:
+        return ""
+    return f"{other[key] / r[key]:.2f}x"
 
 
 def _stored_type(name: str) -> str:
     # "nanoasr model-q8_0.gguf" / "llama.cpp decoder qwen3-q8_0.gguf" -> "q8_0"
     stem = Path(name.split()[-1]).stem
     return stem.rsplit("-", 1)[-1] if "-" in stem else stem
-
-
-def ratios(runs: dict, bandwidth_gbs: float) -> list[str]:
-    """The comparisons the targets are stated in, from this run's rows."""
-    ours = {n: r for n, r in runs.items() if n.startswith("nanoasr") and "error" not in r}
-    llama = {_stored_type(n): r for n, r in runs.items() if n.startswith("llama.cpp") and "error" not in r}
-    hf = {n.split()[-1]: r for n, r in runs.items() if n.startswith("transformers") and "error" not in r}
-    lines = ["| nanoasr run | decode / llama.cpp same type | prefill 196 / llama.cpp same type | "
-             "decode step weights / read bandwidth | decode speed-up over Transformers bf16 | "
-             "encoder+adaptor 30 s / Transformers fp32 | encoder+adaptor 30 s / Transformers bf16 | "
-             "prefill 196 / Transformers fp32 | prefill 196 / Transformers bf16 | "
-             "prefill 196, 8 together / alone |", "|---" * 10 + "|"]
-    for name, r in ours.items():
-        def over(key, other, invert=False):
-            if other is None or key not in r or key not in other:
-                return ""
-            value = other[key] / r[key] if invert else r[key] / other[key]
-            return f"{value:.2f}"
-        same = llama.get(_stored_type(name))
-        streamed = f"{r['decode_gb_per_s'] / bandwidth_gbs:.2f}" if "decode_gb_per_s" in r else ""
-        together = (f"{r['prefill196_x8_ms_each'] / r['prefill196_ms']:.2f}"
-                    if "prefill196_x8_ms_each" in r and "prefill196_ms" in r else "")
-        cells = [over("decode_ms_per_token", same), over("prefill196_ms", same), streamed,
-                 over("decode_ms_per_token", hf.get("bf16"), invert=True),
-                 over("encoder_adaptor_30s_ms", hf.get("fp32")),
-                 over("encoder_adaptor_30s_ms", hf.get("bf16")),
-                 over("prefill196_ms", hf.get("fp32")), over("prefill196_ms", hf.get("bf16")), together]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
 
 
 def configurations(args) -> list:
@@ -513,45 +522,72 @@ def configurations(args) -> list:
     return runs
 
 
+class SavedRun(argparse.Action):  # --from FILE: [FILE, the rows --drop leaves out]
+    def __call__(self, parser, namespace, value, option_string=None):
+        getattr(namespace, self.dest).append((value, set()))
+
+
+class DroppedRow(argparse.Action):  # --drop RUN: a row of the --from before it
+    def __call__(self, parser, namespace, value, option_string=None):
+        if not getattr(namespace, self.dest):
+            parser.error("--drop names a row of the --from before it")
+        getattr(namespace, self.dest)[-1][1].add(value)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("child", nargs="*", help=argparse.SUPPRESS)
+    p.add_argument("--model", action="append", default=[], help="nanoasr checkpoint dir or .gguf (repeat)")
+    p.add_argument("--transformers", default=None, help="the same checkpoint dir, run through Transformers")
+    p.add_argument("--llama-gguf", action="append", default=[],
+                   help="a stock qwen3 GGUF of the same decoder "
+                        "(repeat; nanoasr convert --export-qwen3-gguf)")
+    p.add_argument("--llama-python", default=sys.executable, help="the Python that has llama-cpp-python")
+    p.add_argument("--seconds", type=int, default=10)
+    p.add_argument("--tokens", type=int, default=40)
+    p.add_argument("--long-seconds", type=int, default=0, help="also time this much long audio (segments)")
+    p.add_argument("--long-model", default=None, help="run the long audio on this --model only")
+    p.add_argument("--long-sequential", default=True, action=argparse.BooleanOptionalAction,
+                   help="time the long audio's segments one by one as well")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where nanoasr runs")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every configuration")
+    p.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))
+    p.add_argument("--activations", default="exact", choices=("exact", "int8", "bf16"),
+                   help="nanoasr's rows against block-quantized weights in decoding: float32 or int8")
+    p.add_argument("--huge-pages", default="off", choices=("off", "on", "both"),
+                   help="nanoasr's weight matrices read into huge pages (Model.load(huge_pages=True)); "
+                        "both: each model both ways")
+    p.add_argument("--isa", default="native", choices=tuple(ISA_ENVIRON),
+                   help="avx2: every side held to an AVX2-only CPU's instructions (ISA_ENVIRON)")
+    p.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--report", default=None, help="write a markdown page of the results here")
+    p.add_argument("--from", dest="sources", action=SavedRun, default=[], metavar="JSON",
+                   help="with --report: render these saved results (--json) instead of running (repeat)")
+    p.add_argument("--drop", dest="sources", action=DroppedRow, metavar="RUN",
+                   help="leave the row of this name out of the --from just before (repeat)")
+    p.add_argument("--title", default="Speed", help="the page's title")
+    p.add_argument("--note", default="", help="a paragraph for the page, under its first")
+    return p
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("child", nargs="*", help=argparse.SUPPRESS)
-    parser.add_argument("--model", action="append", default=[],
-                        help="nanoasr checkpoint dir or .gguf (repeat)")
-    parser.add_argument("--transformers", default=None,
-                        help="the same checkpoint dir, run through Transformers")
-    parser.add_argument("--llama-gguf", action="append", default=[],
-                        help="a stock qwen3 GGUF of the same decoder "
-                             "(repeat; nanoasr convert --export-qwen3-gguf)")
-    parser.add_argument("--llama-python", default=sys.executable, help="the Python that has llama-cpp-python")
-    parser.add_argument("--seconds", type=int, default=10)
-    parser.add_argument("--tokens", type=int, default=40)
-    parser.add_argument("--long-seconds", type=int, default=0,
-                        help="also time this much long audio (segments)")
-    parser.add_argument("--long-model", default=None, help="run the long audio on this --model only")
-    parser.add_argument("--long-sequential", default=True, action=argparse.BooleanOptionalAction,
-                        help="time the long audio's segments one by one as well")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where nanoasr runs")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every configuration")
-    parser.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))
-    parser.add_argument("--activations", default="exact", choices=("exact", "int8", "bf16"),
-                        help="nanoasr's rows against block-quantized weights in decoding: float32 or int8")
-    parser.add_argument("--huge-pages", default="off", choices=("off", "on", "both"),
-                        help="nanoasr's weight matrices read into huge pages (Model.load(huge_pages=True)); "
-                             "both: each model both ways")
-    parser.add_argument("--isa", default="native", choices=tuple(ISA_ENVIRON),
-                        help="avx2: every side held to an AVX2-only CPU's instructions (ISA_ENVIRON)")
-    parser.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
-    parser.add_argument("--json", default=None, help="write the results here")
-    parser.add_argument("--report", default=None, help="write a markdown table here")
-    args = parser.parse_args()
+    args = parser().parse_args()
     if args.child:
         args.model = args.model[-1]
         print(json.dumps(CHILDREN[args.child[1]](args)))
         return 0
-    results = {"machine": machine(args)}
+    if args.sources:
+        if not args.report:
+            raise SystemExit("bench: --from renders saved results: give --report FILE")
+        sources = [json.loads(Path(f).read_text()) for f, _ in args.sources]
+        for results, (_, dropped) in zip(sources, args.sources):
+            results["runs"] = {n: r for n, r in results["runs"].items() if n not in dropped}
+        Path(args.report).write_text(page(sources, args.title, args.note))
+        return 0
+    results = {"command": "python tools/bench.py " + shlex.join(sys.argv[1:]),
+               "date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": machine(args)}
     rounds = {name: [] for name, _ in configurations(args)}
     for _ in range(args.rounds):
         for name, run in configurations(args):
@@ -563,10 +599,8 @@ def main() -> int:
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")
-    if args.report:  # a new dated section: earlier runs, on other machines too, stay for comparison
-        path = Path(args.report)
-        before = path.read_text() if path.exists() else "# Performance\n"
-        path.write_text(before.rstrip("\n") + "\n\n" + report(results, args))
+    if args.report:
+        Path(args.report).write_text(page([results], args.title, args.note))
     return 0
 
 

@@ -90,7 +90,7 @@ _TABLES: dict[type, Kernels] = {}
 def cuda_status() -> tuple[bool, str]:
     """(usable, reason): whether CuPy imports, sees a GPU and passes a self-check there, and why not."""
     if importlib.util.find_spec("cupy") is None:
-        return False, "CuPy is not installed (pip install 'nanoasr[cuda]')"
+        return False, "CuPy is not installed (pip install '.[cuda]' in the nanoasr checkout)"
     try:
         import cupy
 

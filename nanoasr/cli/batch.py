@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, epilog=EPILOG, formatter_class=transcribe._HelpFormatter,
         description="Transcribe many audio files on Ray Data: a local Ray runtime, or the cluster of "
-                    "--ray-address. Needs the ray extra: pip install \"nanoasr[ray]\".")
+                    "--ray-address. Needs the ray extra: pip install \".[ray]\" in the checkout.")
     parser.add_argument("audio", nargs="+", metavar="INPUT",
                         help="audio files, and directories (their audio files)")
     parser.add_argument("-o", "--output-dir", required=True, metavar="DIR",

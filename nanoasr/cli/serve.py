@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
         from nanoasr.server.connections import uvicorn_config
     except ImportError as exc:
         error(PROG, f"the server needs the 'server' extra ({exc.name} is missing): "
-                    'pip install "nanoasr[server]"')
+                    'pip install ".[server]" in the nanoasr checkout')
         return EXIT_FAILED
     with library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)):
         app = _app(args)
