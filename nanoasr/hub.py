@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from nanoasr.errors import ModelError
 from nanoasr.formats.mapping import leave_page_cache
 from nanoasr.model.spec import spec
-from nanoasr.untrusted import ReadRefused, read_regular
+from nanoasr.untrusted import ReadRefused, load_json, read_regular
 
 MANIFEST = "nanoasr-package.json"  # written into a local_dir: which package, repo and commit it holds
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[^:@]*)|:(?P<quant>[\w.-]+))*")
@@ -570,16 +570,6 @@ def _delete_file(path: Path, local_dir, name: str) -> None:
 
 
 # --- local_dir manifest -----------------------------------------------------------------------------------
-
-def load_json(data: bytes | str):
-    """json.loads, every way it fails on hostile text a ValueError: invalid UTF-8 or JSON, an integer of
-    more than 4,300 digits (already a plain ValueError, not a JSONDecodeError), and nesting deeper than the
-    parser's recursion limit (a RecursionError from the parser, said here as a ValueError)."""
-    try:
-        return json.loads(data)
-    except RecursionError:
-        raise ValueError("the JSON is nested too deeply") from None
-
 
 def _load_manifest(folder: Path):
     """The JSON value in folder's manifest; ReadRefused, OSError or ValueError when there is none to read."""

@@ -5,12 +5,14 @@ reaches end of file, so `read()` of "a file" can hang or take all memory. `read_
 without blocking, checks the open descriptor is a regular file of at most `cap` bytes, and reads it;
 `read_capped` reads a stream (a pipe, stdin) in chunks and stops once it holds more than `cap` bytes.
 Both raise `ReadRefused` (a ValueError), whose message says what the file is or how large; callers turn it
-into their own error (AudioError, ModelError) with the file's name in front.
+into their own error (AudioError, ModelError) with the file's name in front. `load_json` is json.loads with
+every way hostile JSON fails a ValueError, so one `except ValueError` is enough.
 
 A leaf: it imports nothing from nanoasr, so the audio reader, the model loaders and the hub can share it.
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -80,3 +82,13 @@ def _size(n: int) -> str:
         if n >= size and n % size == 0:
             return f"{n // size} {unit}"
     return f"{n} bytes"
+
+
+def load_json(data: bytes | str):
+    """json.loads, with every way it fails on hostile text a ValueError: invalid UTF-8 or JSON, an integer of
+    more than 4,300 digits (a plain ValueError already, not a JSONDecodeError), and nesting deeper than the
+    parser's recursion limit (a RecursionError from the parser, raised here as a ValueError)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("the JSON is nested too deeply") from None
