@@ -328,7 +328,8 @@ def _from_bytes(data, name, limit):  # -> [N] float32 at 16 kHz
 def _decode_encoded(name, head, suffix, limit, path=None, data=None):  # libsndfile first, then ffmpeg
     _refuse_text(head, name)  # before libsndfile, which takes a UTF-16 BOM for an MPEG frame and says so
     try:
-        with soundfile.SoundFile(path if data is None else BytesIO(data)) as file:
+        # a path as bytes: soundfile encodes a str strictly, which fails on a name's bytes that are not UTF-8
+        with soundfile.SoundFile(os.fsencode(path) if data is None else BytesIO(data)) as file:
             return _from_soundfile(file, name, limit)
     except AudioError:
         raise
