@@ -781,8 +781,8 @@ def _keep_recorded(local_dir: Path, kept: list[str]) -> None:
         (local_dir / MANIFEST).unlink()
         return
     manifest = _read_manifest(local_dir) or {}
-    _save_manifest(local_dir, {"package": _text_field(manifest, "package"), "repo": _text_field(manifest, "repo"),
-                               "revision": _text_field(manifest, "revision"), "files": kept})
+    fields = {key: _text_field(manifest, key) for key in ("package", "repo", "revision")}
+    _save_manifest(local_dir, dict(fields, files=kept))
 
 
 def _hf_places(root: Path) -> list[Path]:
@@ -792,7 +792,8 @@ def _hf_places(root: Path) -> list[Path]:
 
     names = ("HF_HOME", "HF_HUB_CACHE", "HF_XET_CACHE", "HF_ASSETS_CACHE", "HF_TOKEN_PATH",
              "HF_STORED_TOKENS_PATH")
-    places = {Path(os.path.realpath(value)) for value in (getattr(constants, n, None) for n in names) if value}
+    values = (getattr(constants, name, None) for name in names)
+    places = {Path(os.path.realpath(value)) for value in values if value}
     return sorted(p for p in places if not root.is_relative_to(p))
 
 
@@ -833,7 +834,10 @@ def _remove_hf_files(root: Path) -> bool:
     deleted when nothing else is there and each holds what huggingface_hub writes; whether they went."""
     if not _DIR_FD:
         return False
-    fd = _open_below(root, (".cache", "huggingface"))
+    try:
+        fd = _open_below(root, (".cache", "huggingface"))
+    except OSError:
+        return False
     if fd is None:
         return False
     try:

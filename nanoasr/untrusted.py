@@ -50,7 +50,9 @@ def read_regular(path, cap: int) -> bytes:
     The file is opened without blocking (a FIFO put there after any earlier check opens at once instead of
     waiting for a writer) and without becoming a controlling terminal, and its open descriptor is checked,
     so what is read is what was checked. OSError when it cannot be opened or read."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+    flags = os.O_RDONLY
+    for name in ("O_NONBLOCK", "O_NOCTTY", "O_BINARY"):  # where the system has them
+        flags |= getattr(os, name, 0)
     fd = os.open(path, flags)
     with open(fd, "rb", buffering=0, closefd=True) as file:
         info = os.fstat(fd)

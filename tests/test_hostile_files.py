@@ -26,7 +26,7 @@ from nanoasr import cli, untrusted, writers
 from nanoasr.audio import io as audio_io
 from nanoasr.audio.io import DEFAULT_MAX_DURATION_S, SAMPLE_RATE, load_audio
 from nanoasr.cli import batch, one_line, transcribe
-from nanoasr.errors import AudioError, AudioTooLongError
+from nanoasr.errors import AudioError
 from tools.synth import speech_like
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def run_nanoasr(*args, stdin=None, timeout=120) -> subprocess.CompletedProcess:
                           capture_output=True, timeout=timeout)
 
 
-# --- item 6: names -------------------------------------------------------------------------------------------
+# --- item 6: names ---------------------------------------------------------------------------------------
 
 def test_one_line_escapes_what_would_split_or_fail_a_line():
     assert one_line("a\nb\tc\x1bd\u2028e") == "a\\nb\\tc\\x1bd\\u2028e"
@@ -174,7 +174,7 @@ def test_a_deep_package_manifest_beside_the_model_does_not_stop_transcription(ti
 
 @pytest.mark.parametrize("line", [
     b'{"path": "/in/a.wav", "status": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # RecursionError in json
-    b'{"path": "/in/a.wav", "status": "ok", "seconds": ' + b"9" * 5000 + b"}",  # ValueError, no JSONDecodeError
+    b'{"path": "/in/a.wav", "status": "ok", "seconds": ' + b"9" * 5000 + b"}",  # a plain ValueError
     b'{"path": "/in/a.wav", "status": ' + b"[" * 900 + b"]" * 900 + b"}",  # loads, but would not dump back
     b'{"path": ["/in/a.wav"], "status": "ok"}', b'"just a string"', b'{"path": "/in/\xff.wav"}',
 ])
@@ -265,8 +265,9 @@ def test_the_cli_reads_an_endless_stdin_up_to_the_cap(fake_model, monkeypatch, c
         pipe.raw.name = "<stdin>"  # as sys.stdin's is
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(pipe))
         assert cli.main(["-", "-q"]) == 1
-    assert capsys.readouterr().err == ("nanoasr: error: <stdin>: the input holds more than the 4 MiB that may "
-                                       "be read from it; give a file's path to decode a larger file from disk\n")
+    assert capsys.readouterr().err == ("nanoasr: error: <stdin>: the input holds more than the 4 MiB that "
+                                       "may be read from it; give a file's path to decode a larger file from "
+                                       "disk\n")
 
 
 def test_read_regular_refuses_a_fifo_without_waiting_for_a_writer(tmp_path):
@@ -298,8 +299,9 @@ def test_a_utf16_playlist_is_one_right_reason_and_no_library_chatter(tmp_path, c
     with pytest.raises(AudioError) as err:
         load_audio(path)
     width = "32" if "32" in encoding else "16"
-    assert str(err.value) == (f"{path}: is an HLS/M3U playlist (UTF-{width} text), not audio; playlists are "
-                              "refused, since they name other files or URLs and only the bytes given are decoded")
+    assert str(err.value) == (f"{path}: is an HLS/M3U playlist (UTF-{width} text), not audio; playlists "
+                              "are refused, since they name other files or URLs and only the bytes given "
+                              "are decoded")
     assert capfd.readouterr().err == ""  # nothing from libmpg123
 
 

@@ -293,11 +293,13 @@ def test_names_ray_cannot_carry_are_error_rows_and_the_rest_is_done(cluster, man
     for path in hostile:
         path.write_bytes((many / "m00.wav").read_bytes())
     out = tmp_path / "out"
-    code, err = finish(nanoasr("batch", many / "m01.wav", *hostile, "-o", out, "-f", "json", "--model", tiny_dir,
-                               "--workers", 1, "--max-new-tokens", 2, "--ray-address", cluster, "-q"))
+    code, err = finish(nanoasr("batch", many / "m01.wav", *hostile, "-o", out, "-f", "json", "--model",
+                               tiny_dir, "--workers", 1, "--max-new-tokens", 2, "--ray-address", cluster,
+                               "-q"))
     assert code == 1 and "Traceback" not in err, err
     errors = [line for line in err.splitlines() if line.startswith("nanoasr batch: error: ")]
-    assert len(errors) == 3 and all("rename it, or transcribe it with `nanoasr FILE`" in e for e in errors), err
+    assert len(errors) == 3, err
+    assert all("rename it, or transcribe it with `nanoasr FILE`" in line for line in errors), err
     lines = {line["path"]: line for line in manifest_of(out)}
     assert lines[str(many / "m01.wav")]["status"] == "ok" and (out / "m01.json").is_file()
     assert all(lines[str(path)]["status"] == "error" for path in hostile)

@@ -300,7 +300,7 @@ def _from_path(path, limit):  # -> [N] float32 at 16 kHz
     try:
         info = os.stat(path)
         mode, size = info.st_mode, info.st_size
-        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # /dev/zero, /dev/tty, a socket: no end, or no file
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # /dev/zero, /dev/tty, a socket
             raise AudioError(f"{path}: is {kind_of(mode)}, not an audio file")
         with open(path, "rb") as file:
             if stat.S_ISREG(mode):

@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from nanoasr.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, one_line, positive, transcribe
+from nanoasr.cli import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, one_line, positive,
+                         transcribe)
 from nanoasr.errors import OptionError
 from nanoasr.untrusted import load_json
 from nanoasr.writers import json_text, write_whole
@@ -128,8 +129,8 @@ class Tally:
         if self.verbose:
             finished = self.ok + self.failed
             audio = f"{line['duration_s']:.1f} s of audio" if line["duration_s"] is not None else "failed"
-            print(one_line(f"{PROG}: [{finished}/{self.todo}] {item.label}: {audio} in {line['seconds']:.1f} s"),
-                  file=sys.stderr, flush=True)
+            done = f"{PROG}: [{finished}/{self.todo}] {item.label}: {audio} in {line['seconds']:.1f} s"
+            print(one_line(done), file=sys.stderr, flush=True)
 
     def summary(self, manifest_path: Path) -> int:
         if not self.quiet:

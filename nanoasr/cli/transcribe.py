@@ -14,7 +14,8 @@ from pathlib import Path
 from nanoasr.audio.fbank import REFERENCES
 from nanoasr.audio.io import DEFAULT_MAX_DURATION_S
 from nanoasr.backend import ACTIVATIONS, DEVICES
-from nanoasr.cli import COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, one_line, positive
+from nanoasr.cli import (COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, one_line,
+                         positive)
 from nanoasr.errors import NanoasrError, OptionError
 from nanoasr.writers import FORMATS, json_text, write_whole
 
