@@ -11,7 +11,8 @@ import hashlib
 import json
 import os
 import re
-import shutil
+import reprlib
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fnmatch import fnmatch
@@ -20,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from nanoasr.errors import ModelError
 from nanoasr.formats.mapping import leave_page_cache
 from nanoasr.model.spec import spec
+from nanoasr.untrusted import ReadRefused, load_json, read_regular
 
 MANIFEST = "nanoasr-package.json"  # written into a local_dir: which package, repo and commit it holds
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[^:@]*)|:(?P<quant>[\w.-]+))*")
@@ -34,6 +36,23 @@ CHECKPOINT_PATTERNS = ("config.json", "generation_config.json", "tokenizer.json"
                        "model.safetensors.index.json")
 QUANT_SUFFIX = re.compile(r"[-.]((?:bf|iq|[qf])\d\w*)\.gguf$", re.IGNORECASE)
 HASH_CHUNK = 1 << 24
+MANIFEST_MAX_BYTES = 1 << 20  # a manifest lists a package's few files: a few hundred bytes
+# What huggingface_hub writes in `local_dir/.cache/huggingface` besides its per-file records in download/:
+# each name with the content it writes (None: an empty lock file). Removed only when that folder holds
+# nothing else and each is as it was written.
+HF_LOCAL_DIR_FILES = {".gitignore": b"*", ".gitignore.lock": None}
+CACHEDIR_TAG = "CACHEDIR.TAG"
+CACHEDIR_TAG_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"  # the Cache Directory Tagging spec's
+
+
+def _short_repr() -> reprlib.Repr:
+    short = reprlib.Repr()
+    short.maxstring, short.maxother, short.maxlong, short.maxlevel = 120, 60, 40, 3
+    short.maxlist = short.maxtuple = short.maxdict = 4
+    return short
+
+
+SHORT = _short_repr()  # what error messages show of a value read from a file: bounded in length and depth
 
 
 @dataclass(frozen=True)
@@ -197,16 +216,17 @@ def describe_local(path: Path) -> Resolved:
     repo = revision = package = None
     if match:
         repo, revision = f"{match['org']}/{match['name']}", match["rev"]
-    elif (folder / MANIFEST).is_file():
-        try:
-            manifest = json.loads((folder / MANIFEST).read_text("utf-8"))
-            repo, revision, name = manifest.get("repo"), manifest.get("revision"), manifest.get("package")
-            named = next((p for p in list_packages() if p.name == name), None)
-            # one folder may hold several GGUFs; the manifest names the package downloaded last
-            if named is not None and (path.is_dir() or any(f.name == path.name for f in named.files)):
-                package = named
-        except (OSError, ValueError, AttributeError):
-            pass  # an unreadable manifest only loses the provenance, never the model
+    else:  # an unreadable or odd manifest only loses the provenance, never the model
+        manifest = _read_manifest(folder) or {}
+        repo, revision, name = (_text_field(manifest, key) for key in ("repo", "revision", "package"))
+        if repo is not None and not HUB_ID.fullmatch(repo):
+            repo = None
+        if revision is not None and _revision_problem(revision) is not None:
+            revision = None
+        named = next((p for p in list_packages() if p.name == name), None)
+        # one folder may hold several GGUFs; the manifest names the package downloaded last
+        if named is not None and (path.is_dir() or any(f.name == path.name for f in named.files)):
+            package = named
     if package is None and repo is not None:
         package = _package_for(repo, path.name if path.is_file() else None)
     return Resolved(path, repo, revision, package)
@@ -535,27 +555,40 @@ def _reject(target: Target, name: str, path: Path, local_dir, what: str, expecte
 
 def _delete_file(path: Path, local_dir, name: str) -> None:
     """A downloaded file and what belongs to it: the blob behind a cache link, or huggingface_hub's
-    bookkeeping in local_dir. A link in local_dir is not nanoasr's to follow: only the link goes."""
+    record of it in local_dir. A link in local_dir is not nanoasr's to follow: only the link goes."""
     if local_dir is None:
         blob = Path(os.path.realpath(path))
         path.unlink(missing_ok=True)
-        if blob != path.absolute():
+        if blob != path.absolute() and blob.parent.name == "blobs" and blob.is_relative_to(
+                Path(os.path.realpath(cache_dir()))):  # a cache link leads to its repo's blobs, nowhere else
             blob.unlink(missing_ok=True)
         return
-    path.unlink(missing_ok=True)
-    metadata = _hf_download_dir(Path(local_dir)) / f"{name}.metadata"
-    metadata.unlink(missing_ok=True)
-    metadata.with_suffix(".lock").unlink(missing_ok=True)
+    root = Path(local_dir).resolve()
+    _unlink_below(root, name)
+    if _may_tidy_records(root):
+        _forget_record(root, name)
 
 
 # --- local_dir manifest -----------------------------------------------------------------------------------
 
+def _load_manifest(folder: Path):
+    """The JSON value in folder's manifest; ReadRefused, OSError or ValueError when there is none to read."""
+    return load_json(read_regular(folder / MANIFEST, MANIFEST_MAX_BYTES))
+
+
 def _read_manifest(folder: Path) -> dict | None:
+    """folder's manifest as a dict, or None when there is none, or it cannot be read or is not a dict."""
     try:
-        manifest = json.loads((folder / MANIFEST).read_text("utf-8"))
-    except (OSError, ValueError):
+        manifest = _load_manifest(folder)
+    except (OSError, ValueError):  # ReadRefused is a ValueError
         return None
     return manifest if isinstance(manifest, dict) else None
+
+
+def _text_field(manifest: dict, key: str) -> str | None:
+    """A manifest's string field; None when it is missing, not a string, or not one line of sane length."""
+    value = manifest.get(key)
+    return value if isinstance(value, str) and 0 < len(value) <= 300 and value.isprintable() else None
 
 
 def _manifest_files(folder: Path) -> list[str]:
@@ -564,7 +597,9 @@ def _manifest_files(folder: Path) -> list[str]:
     if not os.path.lexists(manifest):
         return []
     try:
-        files = json.loads(manifest.read_text("utf-8"))["files"]
+        files = _load_manifest(folder)["files"]
+    except ReadRefused as exc:
+        raise ModelError(f"{manifest}: not a nanoasr manifest: it {exc}") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelError(f"{manifest}: not a nanoasr manifest ({type(exc).__name__}: {_one_line(exc)}); "
                          "expected a JSON object with a list of files") from None
@@ -574,13 +609,13 @@ def _manifest_files(folder: Path) -> list[str]:
     for name in files:
         problem = _entry_problem(root, name)
         if problem is not None:
-            raise ModelError(f"{manifest}: entry {name!r} {problem}; expected a file path inside {root} "
-                             "(nothing was deleted; fix or delete the manifest)")
+            raise ModelError(f"{manifest}: entry {SHORT.repr(name)} {problem}; expected a file path inside "
+                             f"{root} (nothing was deleted; fix or delete the manifest)")
     return files
 
 
 def _entry_problem(root: Path, name) -> str | None:
-    """Why a manifest entry may not be deleted: any way it could reach outside root."""
+    """Why a manifest entry may not be deleted: any way it could reach outside root, or pass a link."""
     if not isinstance(name, str) or not Path(name).parts:
         return "is not a file path"
     if Path(name).is_absolute() or PurePosixPath(name).is_absolute():  # Windows calls "/x" relative
@@ -589,17 +624,31 @@ def _entry_problem(root: Path, name) -> str | None:
         return "climbs out of the folder with '..'"
     try:
         inside = (root / name).resolve().is_relative_to(root)
+        linked = next((part for part in _parents_below(root, name) if part.is_symlink()), None)
     except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop
         return "is not a usable file path"
-    return None if inside else "leads outside the folder through a symlink"
+    if not inside:
+        return "leads outside the folder through a symlink"
+    if linked is not None:
+        return f"passes through the symlink {linked.relative_to(root).as_posix()}"
+    return None
+
+
+def _parents_below(root: Path, name: str) -> list[Path]:
+    """The folders from root down to name's own (root itself not included)."""
+    parts = Path(name).parts[:-1]
+    return [root.joinpath(*parts[:i]) for i in range(1, len(parts) + 1)]
 
 
 def _write_manifest(local_dir: Path, target: Target, revision: str, earlier: list[str]) -> None:
     """Record this download beside its files: the files nanoasr downloads put here, and no others."""
     written = [f.name for f in target.files] if target.files else _snapshot_files(target, local_dir, revision)
     files = sorted({n for n in earlier + written if (local_dir / n).is_file()})
-    manifest = {"package": target.package.name if target.package else None, "repo": target.repo,
-                "revision": revision, "files": files}
+    _save_manifest(local_dir, {"package": target.package.name if target.package else None,
+                               "repo": target.repo, "revision": revision, "files": files})
+
+
+def _save_manifest(local_dir: Path, manifest: dict) -> None:
     (local_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
 
@@ -689,19 +738,39 @@ def _remove_cached_files(repo, rev, wanted: set[str]) -> int:
 
 
 def _remove_local(target: Target, local_dir: Path) -> int:
-    """Delete the target's files that local_dir's manifest records; whatever else is there stays."""
-    if not (local_dir / MANIFEST).is_file():
+    """Delete the target's files that local_dir's manifest records; whatever else is there stays.
+
+    Only recorded files are deleted, each reached from local_dir without following a link on the way (a
+    recorded link goes, not what it leads to), never one in the Hugging Face home or cache; then
+    huggingface_hub's record of each (in local_dir/.cache/huggingface/download, and trees/COMMIT.json for
+    a snapshot, unless that folder is reached through a link or lies in the Hugging Face home), and the
+    folders left empty."""
+    manifest = local_dir / MANIFEST
+    if not os.path.lexists(manifest):
         raise ModelError(f"{local_dir}: no {MANIFEST}; nanoasr removes only files its downloads put there")
     listed = _manifest_files(local_dir)  # every entry is checked before anything is deleted
+    root = local_dir.resolve()
     ours = [n for n in listed if _belongs(target, n) and (local_dir / n).is_file()]
     if not ours:
-        raise ModelError(f"{target.label}: {local_dir / MANIFEST} records none of its files")
+        raise ModelError(f"{target.label}: {manifest} records none of its files")
+    for name in ours:
+        home = next((p for p in _hf_places(root) if (root / name).resolve().is_relative_to(p)), None)
+        if home is not None:
+            raise ModelError(f"{manifest}: entry {SHORT.repr(name)} lies in the Hugging Face home or cache "
+                             f"({home}), which nanoasr never deletes from (nothing was deleted; fix or "
+                             "delete the manifest)")
+    tidy_records = _may_tidy_records(root)
+    commit = _text_field(_read_manifest(local_dir) or {}, "revision")
     freed = 0
     for name in ours:
-        freed += (local_dir / name).lstat().st_size
-        _delete_file(local_dir / name, local_dir, name)
+        freed += _unlink_below(root, name) or 0
+        if tidy_records:
+            _forget_record(root, name)
+    if tidy_records and commit is not None and COMMIT.fullmatch(commit):  # a snapshot's cached file list
+        _unlink_below(root, f".cache/huggingface/trees/{commit}.json")
     _keep_recorded(local_dir, [n for n in listed if n not in ours])
-    _tidy(local_dir, ours)
+    _tidy(root, ours, tidy_records)
+    _rmdir_if_empty(local_dir)  # the folder as named: a link to a folder stays
     return freed
 
 
@@ -711,24 +780,176 @@ def _keep_recorded(local_dir: Path, kept: list[str]) -> None:
     if not kept:
         (local_dir / MANIFEST).unlink()
         return
-    manifest = dict(_read_manifest(local_dir), files=kept)
-    (local_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    manifest = _read_manifest(local_dir) or {}
+    fields = {key: _text_field(manifest, key) for key in ("package", "repo", "revision")}
+    _save_manifest(local_dir, dict(fields, files=kept))
 
 
-def _tidy(local_dir: Path, removed: list[str]) -> None:
-    """Folders a removal emptied, huggingface_hub's bookkeeping once it records no file, and local_dir
-    itself when nothing else is in it: rmdir only ever takes an empty folder, so a user's files stay."""
-    for name in removed:
-        for parent in (local_dir / name).parents:
-            if parent == local_dir:
-                break
-            _rmdir_if_empty(parent)
-    bookkeeping = local_dir / ".cache" / "huggingface"
-    unused = not any(_hf_download_dir(local_dir).rglob("*.metadata"))
-    if unused and bookkeeping.is_dir() and not bookkeeping.is_symlink():
-        shutil.rmtree(bookkeeping)
-    _rmdir_if_empty(local_dir / ".cache")
-    _rmdir_if_empty(local_dir)
+def _hf_places(root: Path) -> list[Path]:
+    """The Hugging Face home, its caches and token files (resolved), except those that hold root itself: a
+    local_dir the user put inside the home is theirs."""
+    from huggingface_hub import constants
+
+    names = ("HF_HOME", "HF_HUB_CACHE", "HF_XET_CACHE", "HF_ASSETS_CACHE", "HF_TOKEN_PATH",
+             "HF_STORED_TOKENS_PATH")
+    values = (getattr(constants, name, None) for name in names)
+    places = {Path(os.path.realpath(value)) for value in values if value}
+    return sorted(p for p in places if not root.is_relative_to(p))
+
+
+def _may_tidy_records(root: Path) -> bool:
+    """Whether huggingface_hub's records in root/.cache/huggingface are nanoasr's to delete: reached without
+    a link, and neither in nor around the Hugging Face home (root = the home directory, say)."""
+    records = root / ".cache" / "huggingface"
+    if any(p.is_symlink() for p in (root / ".cache", records)):
+        return False
+    real = Path(os.path.realpath(records))
+    return not any(real.is_relative_to(p) or p.is_relative_to(real) for p in _hf_places(root))
+
+
+def _forget_record(root: Path, name: str) -> None:
+    """huggingface_hub's record of a file it put in local_dir: download/NAME.metadata and its lock."""
+    record = (Path(".cache") / "huggingface" / "download" / name).as_posix()
+    _unlink_below(root, record + ".metadata")
+    _unlink_below(root, record + ".lock")
+
+
+def _tidy(root: Path, removed: list[str], tidy_records: bool) -> None:
+    """Folders a removal emptied, and huggingface_hub's folder once it records no file: rmdir only ever takes
+    an empty folder, and only the few files huggingface_hub writes there go, as it wrote them."""
+    download = Path(".cache") / "huggingface" / "download"
+    folders = {parent for name in removed for parent in Path(name).parents if parent != Path(".")}
+    if tidy_records:
+        folders |= {download / parent for name in removed for parent in Path(name).parents}
+        folders.add(download.parent / "trees")
+    for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):  # the deepest first
+        _rmdir_below(root, folder.as_posix())
+    if tidy_records and _remove_hf_files(root):
+        _rmdir_below(root, ".cache/huggingface")
+        _rmdir_below(root, ".cache")
+
+
+def _remove_hf_files(root: Path) -> bool:
+    """The files huggingface_hub writes in local_dir/.cache/huggingface (.gitignore, its lock, CACHEDIR.TAG)
+    deleted when nothing else is there and each holds what huggingface_hub writes; whether they went."""
+    if not _DIR_FD:
+        return False
+    try:
+        fd = _open_below(root, (".cache", "huggingface"))
+    except OSError:
+        return False
+    if fd is None:
+        return False
+    try:
+        names = os.listdir(fd)
+        if not all(_hf_file(fd, name) for name in names):
+            return False
+        for name in names:
+            os.unlink(name, dir_fd=fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _hf_file(fd: int, name: str) -> bool:
+    """Whether folder fd's `name` is a small regular file huggingface_hub writes there, as it writes it."""
+    if name not in HF_LOCAL_DIR_FILES and name != CACHEDIR_TAG:
+        return False
+    try:
+        file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(file).st_mode):
+            return False
+        data = os.read(file, 4096)
+    finally:
+        os.close(file)
+    if name == CACHEDIR_TAG:
+        return data.startswith(CACHEDIR_TAG_SIGNATURE)
+    expected = HF_LOCAL_DIR_FILES[name]
+    return data == (expected or b"")
+
+
+# --- deleting below a folder without following links -------------------------------------------------------
+
+# Where the system can, each folder on the way is opened relative to the one before with O_NOFOLLOW, so a
+# link put in the path after any check still stops the walk; elsewhere each part is checked with lstat.
+_DIR_FD = (hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY")
+           and {os.open, os.stat, os.unlink, os.rmdir} <= os.supports_dir_fd and os.listdir in os.supports_fd)
+
+
+def _open_below(root: Path, parts) -> int | None:
+    """A descriptor of the folder root/parts..., each part opened in the one before without following a
+    link; None when a part is a link, not a folder, or missing. The caller closes it."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for part in parts:
+        try:
+            below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError:  # ELOOP or ENOTDIR for a link, ENOENT
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = below
+    return fd
+
+
+def _unlink_below(root: Path, name: str) -> int | None:
+    """Delete root/name, a file or a link (only the link: never what it leads to, never a folder), reached
+    without following a link on the way. The bytes freed, or None when nothing was deleted."""
+    *folders, last = Path(name).parts
+    if not _DIR_FD:
+        path = root.joinpath(*folders, last)
+        if any(p.is_symlink() for p in _parents_below(root, name)):
+            return None
+        try:
+            info = path.lstat()
+            if stat.S_ISDIR(info.st_mode):
+                return None
+            path.unlink()
+        except OSError:
+            return None
+        return info.st_size
+    try:
+        fd = _open_below(root, folders)
+    except OSError:
+        return None
+    if fd is None:
+        return None
+    try:
+        info = os.stat(last, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISDIR(info.st_mode):
+            return None
+        os.unlink(last, dir_fd=fd)
+        return info.st_size
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _rmdir_below(root: Path, name: str) -> None:
+    """Remove the folder root/name when it is empty, reached without following a link (rmdir itself never
+    follows one); anything else stays as it is."""
+    *folders, last = Path(name).parts
+    if not _DIR_FD:
+        if not any(p.is_symlink() for p in _parents_below(root, name)):
+            _rmdir_if_empty(root.joinpath(*folders, last))
+        return
+    try:
+        fd = _open_below(root, folders)
+    except OSError:
+        return
+    if fd is None:
+        return
+    try:
+        os.rmdir(last, dir_fd=fd)
+    except OSError:  # not empty, not there, a link or a file: it stays
+        pass
+    finally:
+        os.close(fd)
 
 
 def _rmdir_if_empty(folder: Path) -> None:

@@ -58,8 +58,45 @@ def most_workers(threads_per_worker: int) -> int:
     when it is not running)."""
     ray = require_ray()
     if not ray.is_initialized():
-        ray.init()
+        init_ray()
     return max(1, int(ray.cluster_resources().get("CPU", 1)) // threads_per_worker)
+
+
+def init_ray(**kwargs):
+    """ray.init(**kwargs), also from a process whose command line holds a file name that is not valid
+    UTF-8: Ray sends the command line to its runtime as the job's entrypoint, a UTF-8 string, and fails
+    with a UnicodeEncodeError on such bytes; here they reach it as \\xNN."""
+    ray = require_ray()
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    entrypoint = getattr(utils, "get_entrypoint_name", None)
+    if entrypoint is None:  # another Ray than the one this was written for: its own behaviour
+        return ray.init(**kwargs)
+    utils.get_entrypoint_name = lambda: _utf8(entrypoint())
+    try:
+        return ray.init(**kwargs)
+    finally:
+        utils.get_entrypoint_name = entrypoint
+
+
+def path_problem(path: str) -> str | None:
+    """Why `ray.data.read_binary_files` cannot read the file at `path`, or None: bytes that are not UTF-8
+    (Arrow's strings cannot hold them), or a tab, newline or carriage return (dropped from the path when
+    Ray parses it as a URL, so another file's name is opened)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "its name is not valid UTF-8, which Ray's paths cannot carry"
+    if any(ch in path for ch in "\t\n\r"):
+        return "its name has a tab, newline or carriage return, which Ray drops from a path"
+    return None
+
+
+def _utf8(text: str) -> str:
+    """`text` with a file name's bytes that are not UTF-8 (surrogate escapes) written as \\xNN."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no file name's byte stands for
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def check_options(options: dict) -> dict:

@@ -2,11 +2,15 @@
 carry words (word_timestamps), SRT/VTT cues and TSV rows take their times from the words instead."""
 from __future__ import annotations
 
+import json
+import os
+import re
 from pathlib import Path
 
 from nanoasr.errors import OptionError
 
 FORMATS = ("txt", "json", "srt", "vtt", "tsv")
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _clock(seconds: float, decimal: str) -> str:
@@ -107,5 +111,32 @@ def format_of(path) -> str:
 
 
 def write(transcript, fmt: str, path) -> None:
-    """Write `transcript` rendered as `fmt` to `path` (UTF-8), replacing any file there."""
-    Path(path).write_text(render(transcript, fmt), encoding="utf-8")
+    """Write `transcript` rendered as `fmt` to `path` (UTF-8), replacing any file there, whole or not at
+    all (write_whole)."""
+    write_whole(Path(path), render(transcript, fmt))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """`text` in `path` (UTF-8), complete or not at all: written beside it under a temporary name
+    (.NAME.partial), flushed to disk, then renamed over it. A failure (a full disk, text that is not
+    UTF-8, an interruption) leaves no temporary file and whatever was at `path` before, so a partial
+    output is never taken for a finished one (`--skip-existing`, batch's resume)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.partial")
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:  # an interruption too: no temporary file is left behind
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def json_text(value, indent: int | None = None) -> str:
+    """json.dumps with characters as they are (ensure_ascii=False), except lone surrogates, which UTF-8
+    cannot hold: a file name's bytes that are not UTF-8 (os.fsdecode's surrogate escapes) are written as
+    \\udcXX escapes, valid JSON that reads back to the same name, where writing them would fail."""
+    text = json.dumps(value, ensure_ascii=False, indent=indent)
+    return SURROGATE.sub(lambda match: f"\\u{ord(match[0]):04x}", text)  # only inside strings: JSON escapes

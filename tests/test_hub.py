@@ -152,23 +152,28 @@ def fake_hub():
 def hf_env(fake_hub, tmp_path, monkeypatch):
     """HF_HOME and HF_ENDPOINT for this test. huggingface_hub reads them when first imported, so its
     constants are set to the same values, as a fresh process would compute them."""
+    home = tmp_path / "hf"
+    point_hf_at(monkeypatch, home, fake_hub.url)
+    monkeypatch.setattr(hub, "spec", lambda: SPEC)
+    return home
+
+
+def point_hf_at(monkeypatch, home: Path, url: str) -> None:
+    """HF_HOME (with its hub cache, xet cache and token files) at `home`, and the hub at `url`."""
     from huggingface_hub import constants
 
-    home = tmp_path / "hf"
     for name in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_TOKEN", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_ENDPOINT", fake_hub.url)
+    monkeypatch.setenv("HF_ENDPOINT", url)
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    for name, value in {"ENDPOINT": fake_hub.url, "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"),
+    for name, value in {"ENDPOINT": url, "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"),
+                        "HF_XET_CACHE": str(home / "xet"), "HF_ASSETS_CACHE": str(home / "assets"),
                         "HF_HUB_OFFLINE": False, "AGENT_HARNESSES_PATH": str(home / "agents.json"),
-                        "HUGGINGFACE_CO_URL_TEMPLATE":
-                            fake_hub.url + "/{repo_id}/resolve/{revision}/{filename}",
+                        "HUGGINGFACE_CO_URL_TEMPLATE": url + "/{repo_id}/resolve/{revision}/{filename}",
                         "HF_TOKEN_PATH": str(home / "token"), "HF_STORED_TOKENS_PATH": str(home / "tokens")
                         }.items():
         monkeypatch.setattr(constants, name, value, raising=False)
-    monkeypatch.setattr(hub, "spec", lambda: SPEC)
-    return home
 
 
 def test_default_package_downloads_only_its_files(hf_env, fake_hub):
@@ -388,6 +393,152 @@ def test_a_recorded_link_inside_the_folder_goes_but_not_its_target(hf_env, fake_
     assert not os.path.lexists(folder / "model.safetensors")
     assert (folder / "mine.bin").read_bytes() == b"my file"
     assert sorted(p.name for p in folder.iterdir()) == ["mine.bin"]
+
+
+# --- issue 39, item 1: removal deletes only what the manifest records, never the Hugging Face home ---------
+
+def hugging_face_home(home: Path) -> dict[Path, bytes]:
+    """A Hugging Face home with another model's blob, a snapshot link to it and a login token: what must
+    survive any removal. Returns {path: bytes} of its files."""
+    blob = home / "hub" / "models--other--model" / "blobs" / ("d" * 64)
+    link = home / "hub" / "models--other--model" / "snapshots" / CKPT / "model.safetensors"
+    kept = {blob: b"another model's weights", home / "token": b"hf_secret_token",
+            home / "stored_tokens": b"[work]\nhf_token = hf_other\n"}
+    for path, data in kept.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    link.parent.mkdir(parents=True)
+    link.symlink_to(os.path.relpath(blob, link.parent))
+    return {**kept, link: kept[blob]}
+
+
+def survived(files: dict[Path, bytes]) -> bool:
+    return all(path.read_bytes() == data for path, data in files.items())
+
+
+def test_remove_with_the_home_directory_as_local_dir_keeps_the_hugging_face_home(
+        hf_env, fake_hub, tmp_path, monkeypatch, capsys):
+    """`models remove PKG --local-dir ~` used to rmtree ~/.cache/huggingface: the user's whole cache and
+    login token, with "removed ..." and exit 0."""
+    from nanoasr import cli
+
+    home = tmp_path / "home"
+    hf_home = home / ".cache" / "huggingface"  # HF_HOME where huggingface_hub puts it by default
+    point_hf_at(monkeypatch, hf_home, fake_hub.url)
+    kept = hugging_face_home(hf_home)
+    (home / "notes.txt").write_text("mine")
+    assert cli.main(["models", "download", "q8", "--local-dir", str(home), "--quiet"]) == 0
+    record = hf_home / "download" / "m-q8_0.gguf.metadata"
+    assert (home / "m-q8_0.gguf").is_file() and record.is_file()  # huggingface_hub writes into the home
+    capsys.readouterr()
+    assert cli.main(["models", "remove", "q8", "--local-dir", str(home)]) == 0
+    assert capsys.readouterr().out == f"removed q8: {len(GGUF_OLD)} B freed\n"
+    assert not (home / "m-q8_0.gguf").exists() and not (home / hub.MANIFEST).exists()
+    assert survived(kept) and (home / "notes.txt").read_text() == "mine"
+    assert record.is_file()  # in the Hugging Face home not even huggingface_hub's own record is deleted
+    assert {p.name for p in hf_home.iterdir()} >= {"hub", "token", "stored_tokens"}
+
+
+@pytest.mark.parametrize("where", ["the Hugging Face home", "another folder"])
+def test_remove_never_deletes_through_a_cache_link(hf_env, fake_hub, tmp_path, monkeypatch, where):
+    """local_dir/.cache a symlink: the old guard looked at the last component only, so the delete went
+    wherever the link led."""
+    elsewhere = tmp_path / "elsewhere"
+    if where == "the Hugging Face home":
+        point_hf_at(monkeypatch, elsewhere / "huggingface", fake_hub.url)
+    kept = hugging_face_home(elsewhere / "huggingface")
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / ".cache").symlink_to(elsewhere, target_is_directory=True)
+    hub.download("q8", local_dir=folder, progress=False)
+    record = elsewhere / "huggingface" / "download" / "m-q8_0.gguf.metadata"
+    assert record.is_file()  # huggingface_hub followed the link
+    assert hub.remove("q8", local_dir=folder) == len(GGUF_OLD)
+    assert not (folder / "m-q8_0.gguf").exists() and not (folder / hub.MANIFEST).exists()
+    assert survived(kept) and record.is_file()  # nothing behind the link was touched
+    assert (folder / ".cache").is_symlink() and sorted(p.name for p in folder.iterdir()) == [".cache"]
+
+
+def test_an_entry_through_a_link_inside_the_folder_deletes_nothing(hf_env, fake_hub, tmp_path):
+    folder = tmp_path / "models"
+    (folder / "real").mkdir(parents=True)
+    (folder / "real" / "config.json").write_bytes(b"the user's own config")
+    (folder / "alias").symlink_to("real", target_is_directory=True)
+    (folder / hub.MANIFEST).write_text(json.dumps({"repo": "test/other", "files": ["alias/config.json"]}))
+    with pytest.raises(ModelError, match="entry 'alias/config.json' passes through the symlink alias; "):
+        hub.remove("test/other", local_dir=folder)
+    assert (folder / "real" / "config.json").read_bytes() == b"the user's own config"
+
+
+def test_an_entry_in_the_hugging_face_home_deletes_nothing(hf_env, fake_hub, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    point_hf_at(monkeypatch, home / ".cache" / "huggingface", fake_hub.url)
+    kept = hugging_face_home(home / ".cache" / "huggingface")
+    entry = f".cache/huggingface/hub/models--other--model/snapshots/{CKPT}/model.safetensors"
+    (home / hub.MANIFEST).write_text(json.dumps({"repo": "test/other", "files": [entry]}))
+    with pytest.raises(ModelError, match="lies in the Hugging Face home or cache .*nothing was deleted"):
+        hub.remove("test/other", local_dir=home)
+    assert survived(kept)
+
+
+def test_removal_runs_no_rmtree(hf_env, fake_hub, tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "rmtree", lambda *a, **k: pytest.fail("rmtree called"))
+    hub.download("mlt", local_dir=tmp_path / "m", progress=False)  # with a subfolder, Qwen3-0.6B/
+    hub.remove("mlt", local_dir=tmp_path / "m")
+    assert not (tmp_path / "m").exists()  # emptied folder by folder, huggingface_hub's records included
+
+
+# --- issue 39, item 7: manifests that are deep, huge or not files are one clear error ---------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+HUGE_INT = "1" * 5000
+
+
+@pytest.mark.parametrize("content, problem", [
+    ('{"files": ' + DEEP + "}", "not a nanoasr manifest (ValueError: the JSON is nested too deeply)"),
+    ('{"files": [' + HUGE_INT + "]}", "not a nanoasr manifest (ValueError: Exceeds the limit (4300 digits)"),
+    ('{"files": ' + "[" * 500 + "]" * 500 + "}", "entry [[[[...]]]] is not a file path"),
+    ('{"files": ["/' + "x" * 100_000 + '"]}', "entry '/xxxxxxxx"),  # said in a few dozen characters
+    ("FIFO", "not a nanoasr manifest: it is a FIFO (named pipe), not a regular file"),
+    (" " * (2 << 20), "not a nanoasr manifest: it is 2097152 bytes, more than the 1 MiB it may be"),
+])
+def test_hostile_manifest_is_one_clear_error(hf_env, fake_hub, tmp_path, content, problem):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "config.json").write_bytes(CONFIG)
+    if content == "FIFO":
+        os.mkfifo(folder / hub.MANIFEST)  # opening it to read would wait for a writer for ever
+    else:
+        (folder / hub.MANIFEST).write_text(content)
+    for call in (lambda: hub.remove("test/other", local_dir=folder),
+                 lambda: hub.download("test/other", local_dir=folder, progress=False)):
+        with pytest.raises(ModelError) as err:
+            call()
+        message = str(err.value)
+        assert message.startswith(f"{folder / hub.MANIFEST}: ") and problem in message, message[:300]
+        assert len(message) < 600 and "\n" not in message
+    assert (folder / "config.json").is_file() and not fake_hub.requests
+
+
+@pytest.mark.parametrize("content", [
+    '{"repo": ' + DEEP + "}", '{"repo": "test/gguf", "revision": ' + HUGE_INT + "}",
+    '{"repo": ["test/gguf"], "revision": {"a": 1}, "package": 7}', "FIFO",
+    '{"repo": "test/gguf\nforged", "revision": "' + "a" * 400 + '"}',
+])
+def test_a_hostile_manifest_beside_a_model_only_loses_its_provenance(hf_env, fake_hub, tmp_path, content):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "m-q8_0.gguf").write_bytes(GGUF_OLD)
+    if content == "FIFO":
+        os.mkfifo(folder / hub.MANIFEST)
+    else:
+        (folder / hub.MANIFEST).write_text(content)
+    for path in (folder, folder / "m-q8_0.gguf"):
+        resolved = hub.resolve(str(path))
+        assert (resolved.path, resolved.repo, resolved.revision, resolved.package) == (path, None, None, None)
+    assert not fake_hub.requests
 
 
 @pytest.mark.parametrize("content, problem", [

@@ -284,6 +284,27 @@ def test_batch_writes_what_the_main_command_writes(cluster, clips, tiny_dir, tmp
         assert line["outputs"] == [f"{stem.as_posix()}.{fmt}" for fmt in ("txt", "json", "srt", "vtt", "tsv")]
 
 
+def test_names_ray_cannot_carry_are_error_rows_and_the_rest_is_done(cluster, many, tiny_dir, tmp_path):
+    """Issue 39, item 6: a tab, newline or non-UTF-8 byte in one input's name aborted the whole run (Ray drops
+    the first from a path and Arrow cannot hold the last), and a non-UTF-8 name on the command line made
+    ray.init fail with a UnicodeEncodeError traceback."""
+    names = [b"new\nline.wav", b"tab\there.wav", b"bad\xffbyte.wav"]
+    hostile = [tmp_path / os.fsdecode(name) for name in names]
+    for path in hostile:
+        path.write_bytes((many / "m00.wav").read_bytes())
+    out = tmp_path / "out"
+    code, err = finish(nanoasr("batch", many / "m01.wav", *hostile, "-o", out, "-f", "json", "--model",
+                               tiny_dir, "--workers", 1, "--max-new-tokens", 2, "--ray-address", cluster,
+                               "-q"))
+    assert code == 1 and "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("nanoasr batch: error: ")]
+    assert len(errors) == 3, err
+    assert all("rename it, or transcribe it with `nanoasr FILE`" in line for line in errors), err
+    lines = {line["path"]: line for line in manifest_of(out)}
+    assert lines[str(many / "m01.wav")]["status"] == "ok" and (out / "m01.json").is_file()
+    assert all(lines[str(path)]["status"] == "error" for path in hostile)
+
+
 def test_a_model_that_does_not_load_fails_the_job_with_one_line(cluster, many, tmp_path):
     missing = tmp_path / "no-such-model.gguf"
     code, err = finish(nanoasr("batch", many / "m00.wav", "-o", tmp_path / "out", "--model", missing,

@@ -21,8 +21,16 @@ Untrusted input is bounded:
   pipe cannot decode (its index after the audio) is read as that file, with the `file` protocol and the
   mov demuxer alone. ffmpeg is killed (SIGKILL) after `ffmpeg_timeout_s(size)` seconds, or as soon as the
   caller stops reading.
-- Mono audio that peaks above LOUD_PEAK (far past full scale, 1.0) is scaled to peak 1.0 before
-  resampling (which may overshoot it a little), with a warning, so huge finite samples reach no kernel.
+- Audio that peaks above LOUD_PEAK (far past full scale, 1.0) is scaled to peak 1.0 before resampling
+  (which may overshoot it a little), with a warning, so huge finite samples reach no kernel; channels are
+  mixed without overflow, so float64 samples near its largest value (1.8e308) are loud audio, not NaN.
+- A character or block device (/dev/zero, a terminal) is refused. A pipe, a FIFO, stdin and any file
+  object are read into memory with a cap, STREAM_MAX_BYTES; only a regular file given by its path is
+  decoded from the file, as long as it is.
+- Text playlists are recognized in UTF-8, UTF-16 and UTF-32, and other UTF-16/32 text too, before any
+  decoder sees them (libsndfile would take a UTF-16 byte-order mark for an MPEG frame).
+- `DEFAULT_MAX_DURATION_S` is the duration limit the command line and the server apply unless told
+  otherwise; the library applies none unless given one.
 """
 from __future__ import annotations
 
@@ -44,6 +52,7 @@ import soxr
 
 from nanoasr.audio import SAMPLE_RATE
 from nanoasr.errors import AudioError, AudioTooLongError, OptionError
+from nanoasr.untrusted import ReadRefused, kind_of, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +64,14 @@ MAX_PREALLOC = 1 << 26  # output samples reserved up front at most (70 min), wha
 UNKNOWN_PREALLOC = 1 << 20  # output samples reserved (65 s) for a source that states no length; it grows
 SF_COUNT_MAX = 2 ** 63 - 1  # libsndfile's frame count for a container that states no length
 LOUD_PEAK = 8.0  # float files may pass full scale a little; 8x full scale is no recording
+# The duration limit of the command line (`nanoasr`, `nanoasr batch`) and the server unless the user sets
+# another: an hour at 16 kHz is 230 MB of float32 samples, and a container stating more is refused before
+# decoding. Library calls have no limit unless given one (max_duration_s).
+DEFAULT_MAX_DURATION_S = 3600.0
+# Bytes read into memory from a pipe, FIFO, stdin or file object: an hour of 48 kHz stereo 16-bit WAV is
+# 0.7 GB. A regular file given by its path is decoded from the file instead, whatever its size.
+STREAM_MAX_BYTES = 1 << 30
+HEAD_BYTES = 64  # leading bytes kept to recognize a container or a playlist (UTF-32 "#EXTM3U" takes 32)
 FFMPEG_TIMEOUT_FLOOR_S = 60.0
 FFMPEG_MIN_BYTES_PER_S = 1 << 20  # ffmpeg decodes compressed audio far faster than 1 MB of input per second
 FFMPEG_CHUNK = 1 << 16  # bytes moved through ffmpeg's pipes at once
@@ -62,7 +79,10 @@ STDERR_TAIL = 1 << 16  # bytes of ffmpeg's messages kept for the error
 # Demuxers of single-file audio containers; none of them opens another file. Playlist-like demuxers (hls,
 # concat, image2, dash, ...) are left out.
 FFMPEG_FORMATS = "aac,ac3,aiff,amr,ape,asf,caf,eac3,flac,matroska,mov,mp3,mpegts,ogg,w64,wav,wv"
-PLAYLIST_MAGIC = ((b"#EXTM3U", "an HLS/M3U playlist"), (b"ffconcat", "an ffmpeg concat script"))
+PLAYLIST_MAGIC = (("#EXTM3U", "an HLS/M3U playlist"), ("ffconcat", "an ffmpeg concat script"))
+# Byte-order marks of Unicode text, the longer first (UTF-32-LE's begins with UTF-16-LE's)
+TEXT_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xef\xbb\xbf", "UTF-8"),
+             (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
 
 # Leading bytes of containers, for messages: which format a failed input claims to be.
 MAGIC = ((8, b"WAVE", "WAV"), (0, b"RF64", "WAV"), (0, b"fLaC", "FLAC"), (0, b"OggS", "OGG"),
@@ -225,8 +245,19 @@ def _check_rate(rate, name):
 
 
 def _read_file_object(file, name):
+    """The bytes of a file object, read up to STREAM_MAX_BYTES (an in-memory BytesIO is taken whole: its
+    bytes are in memory already); a device (stdin from /dev/zero, a terminal) is refused unread."""
+    _refuse_device(file, name)
     try:
-        data = file.read()
+        if hasattr(file, "getbuffer"):
+            data = file.read()
+        else:
+            data = read_capped(file, STREAM_MAX_BYTES)
+    except ReadRefused as exc:
+        raise AudioError(f"{name}: the input {exc}; give a file's path to decode a larger file from disk"
+                         ) from None
+    except TypeError as exc:  # read() returned something other than bytes, or takes no size
+        data = _read_sizeless(file, name, exc)
     except (OSError, ValueError) as exc:
         raise AudioError(f"{name}: cannot read the file object: {exc}") from exc
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -235,16 +266,49 @@ def _read_file_object(file, name):
     return bytes(data)
 
 
+def _read_sizeless(file, name, exc):
+    """read() of a file object whose read takes no size: whole, then checked against the cap."""
+    try:
+        data = file.read()
+    except TypeError:
+        raise AudioError(f"{name}: cannot read the file object: {exc}") from exc
+    except (OSError, ValueError) as error:
+        raise AudioError(f"{name}: cannot read the file object: {error}") from error
+    if isinstance(data, (bytes, bytearray, memoryview)) and len(data) > STREAM_MAX_BYTES:
+        raise AudioError(f"{name}: the input holds more than the {STREAM_MAX_BYTES >> 20} MiB that may be "
+                         "read from it; give a file's path to decode a larger file from disk")
+    return data
+
+
+def _refuse_device(file, name):
+    """A file object on a character or block device (stdin from /dev/zero, a terminal) never ends."""
+    try:
+        fd = file.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError, TypeError):
+        return  # no descriptor: an in-memory or custom file object
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        what = "a terminal" if os.isatty(fd) else kind_of(mode)
+        raise AudioError(f"{name}: is {what}, not audio; pipe or redirect an audio file into it")
+
+
 def _from_path(path, limit):  # -> [N] float32 at 16 kHz
     if not os.path.exists(path):
         raise AudioError(f"{path}: no such file")
     if os.path.isdir(path):
         raise AudioError(f"{path}: is a directory, not an audio file")
     try:
-        mode, size = os.stat(path).st_mode, os.path.getsize(path)
+        info = os.stat(path)
+        mode, size = info.st_mode, info.st_size
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # /dev/zero, /dev/tty, a socket
+            raise AudioError(f"{path}: is {kind_of(mode)}, not an audio file")
         with open(path, "rb") as file:
-            # A pipe or device (/dev/stdin, a shell's <(...)) can be read once only, so it is read whole.
-            head = file.read(16) if stat.S_ISREG(mode) else file.read()
+            if stat.S_ISREG(mode):
+                head = file.read(HEAD_BYTES)
+            else:  # a pipe (/dev/stdin, a shell's <(...)) can be read once only, so it is read, with a cap
+                head = read_capped(file, STREAM_MAX_BYTES)
+    except ReadRefused as exc:
+        raise AudioError(f"{path}: the pipe {exc}; save the audio to a file and give its path") from None
     except OSError as exc:
         raise AudioError(f"{path}: cannot read the file: {exc.strerror or exc}") from exc
     if not stat.S_ISREG(mode):
@@ -257,18 +321,19 @@ def _from_path(path, limit):  # -> [N] float32 at 16 kHz
 def _from_bytes(data, name, limit):  # -> [N] float32 at 16 kHz
     if not data:
         raise AudioError(f"{name}: the input is empty (0 bytes)")
-    return _decode_encoded(name, data[:16], os.path.splitext(name)[1].lower(), limit, data=data)
+    return _decode_encoded(name, data[:HEAD_BYTES], os.path.splitext(name)[1].lower(), limit, data=data)
 
 
 def _decode_encoded(name, head, suffix, limit, path=None, data=None):  # libsndfile first, then ffmpeg
+    _refuse_text(head, name)  # before libsndfile, which takes a UTF-16 BOM for an MPEG frame and says so
     try:
-        with soundfile.SoundFile(path if data is None else BytesIO(data)) as file:
+        # a path as bytes: soundfile encodes a str strictly, which fails on a name's bytes that are not UTF-8
+        with soundfile.SoundFile(os.fsencode(path) if data is None else BytesIO(data)) as file:
             return _from_soundfile(file, name, limit)
     except AudioError:
         raise
     except (soundfile.SoundFileError, RuntimeError, ValueError, OSError) as exc:
         libsndfile_exc = exc.with_traceback(None)  # its frames would keep a partly decoded wave alive
-    _refuse_playlist(head, name)
     container, reason = _sniff(head), _libsndfile_reason(libsndfile_exc)
     if shutil.which("ffmpeg") is None:
         raise AudioError(_without_ffmpeg(name, container, suffix, reason)) from libsndfile_exc
@@ -317,12 +382,10 @@ def _to_16k(blocks, rate, name, limit, capacity, divisor):  # -> ([N] float32 at
     max_frames = math.inf if limit is None else limit * rate
     wave, filled, frames, peak = np.empty(capacity, np.float32), 0, 0, 0.0
     for block in blocks:
-        mono = _mono(block) / divisor  # [B] float64
+        mono = _mono(block, name) / divisor  # [B] float64, finite
         frames += mono.shape[0]
         if frames > max_frames:
             raise _too_long(name, limit)
-        if not np.isfinite(mono).all():
-            raise AudioError(f"{name}: the audio contains NaN or Inf samples")
         peak = max(peak, float(np.abs(mono).max(initial=0.0)))
         with np.errstate(over="ignore"):  # samples past float32's range: this pass is redone, scaled
             samples = mono.astype(np.float32)
@@ -335,9 +398,17 @@ def _to_16k(blocks, rate, name, limit, capacity, divisor):  # -> ([N] float32 at
     return wave, peak
 
 
-def _mono(block):  # [B] or [B, C] -> [B] float64, the mean of the channels
+def _mono(block, name):  # [B] or [B, C] -> [B] float64, the mean of the channels; AudioError for NaN/Inf
     block = block.astype(np.float64)
-    return block.mean(axis=1) if block.ndim == 2 else block
+    if not np.isfinite(block).all():
+        raise AudioError(f"{name}: the audio contains NaN or Inf samples")
+    if block.ndim == 1:
+        return block
+    with np.errstate(over="ignore"):
+        mono = block.mean(axis=1)
+    if not np.isfinite(mono).all():  # finite samples near float64's largest: their sum overflowed
+        mono = (block / block.shape[1]).sum(axis=1)  # each channel's share first: no sum exceeds the peak
+    return mono
 
 
 def _append(wave, filled, samples):  # -> new fill; `wave` grows in place past the length a container stated
@@ -353,12 +424,38 @@ def _warn_loud(name, peak):
                 name, peak)
 
 
-def _refuse_playlist(head, name):  # a playlist names other files or URLs; only the bytes given are decoded
-    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+def _refuse_text(head, name):
+    """A playlist (it names other files or URLs; only the bytes given are decoded) in UTF-8, UTF-16 or
+    UTF-32, with or without a byte-order mark, and UTF-16/32 text of any kind: one AudioError that says so."""
+    text, encoding = _as_text(head)
+    stripped = text.lstrip(" \t\r\n")
     for magic, kind in PLAYLIST_MAGIC:
-        if text.startswith(magic):
-            raise AudioError(f"{name}: is {kind}, not audio; playlists are refused, since they name other "
-                             "files or URLs and only the bytes given are decoded")
+        if stripped.startswith(magic):
+            told = f" ({encoding} text)" if encoding not in (None, "UTF-8") else ""
+            raise AudioError(f"{name}: is {kind}{told}, not audio; playlists are refused, since they name "
+                             "other files or URLs and only the bytes given are decoded")
+    if (encoding in ("UTF-16", "UTF-32") and stripped and "\ufffd" not in text
+            and all(c.isprintable() or c.isspace() for c in text)):
+        raise AudioError(f"{name}: is {encoding} text, not audio")
+
+
+def _as_text(head):  # -> (the leading bytes as text, the encoding a BOM or NUL pattern names, or None)
+    for bom, encoding in TEXT_BOMS:
+        if head.startswith(bom):  # Python's utf-16, utf-32 and utf-8-sig codecs read the BOM themselves
+            return _decoded(head, {"UTF-8": "utf-8-sig"}.get(encoding, encoding.lower())), encoding
+    if len(head) >= 8:  # without a BOM: ASCII with NUL bytes between, as UTF-16 or UTF-32 write it
+        for encoding, codec, width in (("UTF-32", "utf-32-le", 4), ("UTF-32", "utf-32-be", 4),
+                                       ("UTF-16", "utf-16-le", 2), ("UTF-16", "utf-16-be", 2)):
+            ascii_at = 0 if codec.endswith("le") else width - 1
+            units = [head[i:i + width] for i in range(0, 4 * width, width)]
+            if all(u[ascii_at] != 0 and u.count(0) == width - 1 for u in units):
+                return _decoded(head, codec), encoding
+    return head.decode("latin-1"), None
+
+
+def _decoded(data, codec):  # a unit cut by the end of the head is left out; undecodable units become U+FFFD
+    width = 4 if "32" in codec else 2 if "16" in codec else 1
+    return data[:len(data) - len(data) % width].decode(codec, errors="replace")
 
 
 def _sniff(head):  # leading bytes -> container name or None

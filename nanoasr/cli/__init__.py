@@ -52,8 +52,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def error(prog: str, message) -> None:
-    """One error line on stderr."""
-    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    """One error line on stderr, whatever names the message holds (one_line)."""
+    print(one_line(f"{prog}: error: {message}"), file=sys.stderr, flush=True)
+
+
+def one_line(text) -> str:
+    """`text` as one printable line: a file name's bytes that are not UTF-8 (Python's surrogate escapes) as
+    \\xNN, and newlines, tabs, terminal escapes and other characters that do not print as repr() shows
+    them (\\n, \\t, \\x1b), so a hostile name can neither split an error line nor fail to be printed."""
+    text = str(text)
+    return text if text.isprintable() else "".join(ch if ch.isprintable() else _escaped(ch) for ch in text)
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's stand-in for the byte code - 0xDC00
+        return f"\\x{code - 0xDC00:02x}"
+    return repr(ch)[1:-1]
 
 
 def positive(kind):

@@ -13,15 +13,17 @@ still done) or Ray could not run the job, 2 usage error, 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 import time
 from pathlib import Path
 
-from nanoasr.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, positive, transcribe
+from nanoasr.cli import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, one_line, positive,
+                         transcribe)
 from nanoasr.errors import OptionError
+from nanoasr.untrusted import load_json
+from nanoasr.writers import json_text, write_whole
 
 PROG = "nanoasr batch"
 MANIFEST = "manifest.jsonl"
@@ -29,7 +31,9 @@ EPILOG = """\
 Files are written as the main command's -o writes them, DIR/<name>.<format>, each one complete or not at
 all, and DIR/manifest.jsonl gets one line per input once its files are written: {"path", "status" (ok or
 error), "outputs" (below DIR), "seconds", "duration_s", "error"}. Running the same command again skips the
-inputs done already (status ok, files present) and retries the rest.
+inputs done already (status ok, files present) and retries the rest. An input whose name Ray cannot
+carry (bytes that are not UTF-8, a tab, newline or carriage return) gets its error line without Ray;
+`nanoasr FILE` reads such names. Inputs longer than --max-duration (an hour unless raised) are refused.
 Exit status: 0 all inputs transcribed, 1 some failed, 2 usage error, 130 interrupted.
 """
 
@@ -61,8 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_transcription_options(parser)
     output = parser.add_argument_group("input and output")
     transcribe.add_format_options(output)
-    output.add_argument("--max-duration", type=positive(float), default=None, metavar="SECONDS",
-                        help="refuse inputs longer than this, each with its error (default: no limit)")
+    transcribe.add_duration_option(output, "each with its error")
     output.add_argument("-v", "--verbose", action="store_true", help="a line for each input done")
     output.add_argument("-q", "--quiet", action="store_true",
                         help="no Ray progress bars or Ray Data logs, and no closing summary line")
@@ -84,8 +87,7 @@ def main(argv: list[str]) -> int:
     except OptionError as exc:
         error(PROG, exc)
         return EXIT_USAGE
-    if args.max_duration is not None:
-        options["max_duration_s"] = args.max_duration
+    options["max_duration_s"] = args.max_duration
     found, failures = transcribe.expand_inputs(args, parser)
     items = {}
     for item in found:  # an input named twice (a file, and its directory) is done once
@@ -94,7 +96,8 @@ def main(argv: list[str]) -> int:
     transcribe.check_collisions(list(items.values()), out_dir, parser)
     for line in failures:
         error(PROG, line)
-    with library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)):
+    with library_warnings(lambda message: print(one_line(f"{PROG}: warning: {message}"), file=sys.stderr,
+                                                flush=True)):
         try:
             return _run(args, items, formats, options, out_dir, failed=len(failures))
         except OSError as exc:  # the output directory or the manifest cannot be written
@@ -126,8 +129,8 @@ class Tally:
         if self.verbose:
             finished = self.ok + self.failed
             audio = f"{line['duration_s']:.1f} s of audio" if line["duration_s"] is not None else "failed"
-            print(f"{PROG}: [{finished}/{self.todo}] {item.label}: {audio} in {line['seconds']:.1f} s",
-                  file=sys.stderr, flush=True)
+            done = f"{PROG}: [{finished}/{self.todo}] {item.label}: {audio} in {line['seconds']:.1f} s"
+            print(one_line(done), file=sys.stderr, flush=True)
 
     def summary(self, manifest_path: Path) -> int:
         if not self.quiet:
@@ -143,16 +146,18 @@ def _run(args, items: dict, formats, options: dict, out_dir: Path, failed: int) 
             if not manifest.done(key, [out_dir / f"{item.stem}.{fmt}" for fmt in formats])}
     manifest.forget(todo)
     tally = Tally(args, len(todo), len(items) - len(todo), failed)
-    for key in [key for key in todo if not (os.path.isfile(key) and os.access(key, os.R_OK))]:
-        item = todo.pop(key)  # Ray would fail the whole job on it
-        tally.done(item, manifest.add(key, "error", error=f"{item.label}: no such readable file"))
+    for key in list(todo):  # each of these would fail the whole Ray job, not its own row
+        problem = _unreadable(key)
+        if problem is not None:
+            item = todo.pop(key)
+            tally.done(item, manifest.add(key, "error", error=f"{one_line(item.label)}: {problem}"))
     if todo:
         try:
             rows = _transcripts(args, list(todo), options)
         except ImportError as exc:
             error(PROG, exc)
             return EXIT_FAILED
-        except (ConnectionError, RuntimeError) as exc:  # ray.init: no cluster there, or it refused us
+        except (ConnectionError, RuntimeError, UnicodeError) as exc:  # ray.init: no cluster, or refused
             error(PROG, f"cannot start or join Ray: {exc}")
             return EXIT_FAILED
         import ray
@@ -168,14 +173,24 @@ def _run(args, items: dict, formats, options: dict, out_dir: Path, failed: int) 
     return tally.summary(manifest.path)
 
 
+def _unreadable(key: str) -> str | None:
+    """Why an input cannot go to Ray: no readable file there, or a name Ray's paths cannot carry."""
+    if not (os.path.isfile(key) and os.access(key, os.R_OK)):
+        return "no such readable file"
+    from nanoasr.ray import path_problem
+
+    problem = path_problem(key)
+    return None if problem is None else f"{problem}; rename it, or transcribe it with `nanoasr FILE`"
+
+
 def _transcripts(args, paths: list[str], options: dict):
     """Ray started or joined, and the lazy Dataset of the transcript rows of `paths`."""
-    from nanoasr.ray import most_workers, require_ray, transcribe_dataset
+    from nanoasr.ray import init_ray, most_workers, require_ray, transcribe_dataset
 
     ray = require_ray()
     address = args.ray_address or os.environ.get("RAY_ADDRESS")
     where = dict(address=address) if address else dict(address="local", include_dashboard=False)
-    ray.init(logging_level=logging.WARNING, **where)
+    init_ray(logging_level=logging.WARNING, **where)
     ray.data.DataContext.get_current().enable_progress_bars = not args.quiet
     if args.quiet:
         logging.getLogger("ray.data").setLevel(logging.WARNING)
@@ -203,9 +218,9 @@ def _finish(row: dict, item, formats, out_dir: Path, manifest: "Manifest", lines
             path = out_dir / f"{item.stem}.{fmt}"
             write_whole(path, transcribe.render(transcript, fmt, item.label, False, lines))
             outputs.append(path.relative_to(out_dir).as_posix())
-    except OSError as exc:
+    except (OSError, UnicodeError) as exc:
         return manifest.add(row["path"], "error", seconds=seconds,
-                            error=f"{item.label}: cannot write its output: {exc}")
+                            error=f"{one_line(item.label)}: cannot write its output: {exc}")
     return manifest.add(row["path"], "ok", outputs, seconds, transcript.duration_s)
 
 
@@ -217,36 +232,21 @@ def _last_line(exc: BaseException) -> str:
 
 # --- files -----------------------------------------------------------------------------------------------
 
-def write_whole(path: Path, text: str) -> None:
-    """`text` in `path` (UTF-8), complete or not at all: written beside it under a temporary name, flushed
-    to disk, then renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.partial")
-    try:
-        with open(temporary, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:  # an interruption too: no temporary file is left behind
-        temporary.unlink(missing_ok=True)
-        raise
-
-
 class Manifest:
     """DIR/manifest.jsonl: one JSON line per input, appended once the input's files are complete."""
 
     def __init__(self, path: Path):
         self.path = path
         self.lines: dict[str, dict] = {}  # input path -> its line
-        text = path.read_text(encoding="utf-8") if path.is_file() else ""
-        self.damaged = bool(text) and not text.endswith("\n")  # a line cut short when a run was killed
-        for raw in text.splitlines():
+        data = path.read_bytes() if path.is_file() else b""
+        self.damaged = bool(data) and not data.endswith(b"\n")  # a line cut short when a run was killed
+        for raw in data.splitlines():
             try:
-                line = json.loads(raw)
-                self.lines[line["path"]] = line
-            except (ValueError, TypeError, KeyError):
-                self.damaged = True
+                line = _checked_line(load_json(raw))  # deep nesting and huge integers are ValueErrors too
+            except ValueError:
+                self.damaged = True  # dropped, and the file rewritten without it before the run
+                continue
+            self.lines[line["path"]] = line
 
     def done(self, key: str, outputs: list[Path]) -> bool:
         line = self.lines.get(key)
@@ -272,5 +272,21 @@ class Manifest:
         return line
 
 
+LINE_FIELDS = {"path": (str,), "status": (str,), "outputs": (list,), "seconds": (int, float),
+               "duration_s": (int, float, type(None)), "error": (str, type(None))}
+
+
+def _checked_line(line) -> dict:
+    """A manifest line as this module writes it, its known fields only; ValueError for anything else."""
+    if not isinstance(line, dict) or not isinstance(line.get("path"), str):
+        raise ValueError("not a manifest line")
+    kept = {key: line[key] for key in LINE_FIELDS if key in line}
+    if any(not isinstance(value, LINE_FIELDS[key]) or isinstance(value, bool) for key, value in kept.items()):
+        raise ValueError("a field of the wrong type")
+    if not all(isinstance(output, str) for output in kept.get("outputs", [])):
+        raise ValueError("an output that is not a path")
+    return kept
+
+
 def _json_line(line: dict) -> str:
-    return json.dumps(line, ensure_ascii=False) + "\n"
+    return json_text(line) + "\n"  # an input name that is not UTF-8 as \\u escapes, read back the same

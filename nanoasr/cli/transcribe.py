@@ -6,17 +6,18 @@ the rest are still processed) or the model could not be loaded, 2 for a usage er
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from nanoasr.audio.fbank import REFERENCES
+from nanoasr.audio.io import DEFAULT_MAX_DURATION_S
 from nanoasr.backend import ACTIVATIONS, DEVICES
-from nanoasr.cli import COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, positive
+from nanoasr.cli import (COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, one_line,
+                         positive)
 from nanoasr.errors import NanoasrError, OptionError
-from nanoasr.writers import FORMATS
+from nanoasr.writers import FORMATS, json_text, write_whole
 
 PROG = "nanoasr"
 # What a directory argument contributes: the files whose suffix some decoder reads (ffmpeg for the video
@@ -27,8 +28,10 @@ AUDIO_SUFFIXES = frozenset(
 STDIN = "-"
 EPILOG = """\
 Without -o, each transcript is printed on stdout in the -f format (txt: its text on one line; json:
-one JSON object per line). With -o DIR, files DIR/<name>.<format> are written (existing ones are
-replaced; --skip-existing skips inputs whose outputs all exist) and the text still goes to stdout.
+one JSON object per line). With -o DIR, files DIR/<name>.<format> are written, each whole or not at
+all (existing ones are replaced; --skip-existing skips inputs whose outputs all exist) and the text
+still goes to stdout. Inputs longer than --max-duration (an hour unless raised) are refused, from the
+length their header states where it states one, before they are decoded.
 Segment times come from the segmenter (speech stretches of at most 30 s). --word-timestamps times each
 word by forced alignment against FunASR's CTC branch, which only the ModelScope copy of Fun-ASR-Nano-2512's
 model.pt carries: json gets each segment's words, srt/vtt cues take word times, tsv gets a row per word.
@@ -128,13 +131,20 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
     output.add_argument("-o", "--output-dir", default=None, metavar="DIR",
                         help="write one file per input and format here, created if missing "
                              "(default: none, print on stdout)")
-    output.add_argument("--max-duration", type=positive(float), default=None, metavar="SECONDS",
-                        help="refuse inputs longer than this, with one error line each (default: no limit)")
+    add_duration_option(output, "with one error line each")
     output.add_argument("--skip-existing", action="store_true",
                         help="with -o: skip an input whose output files all exist already")
     output.add_argument("-v", "--verbose", action="store_true",
                         help="progress as log lines even when stderr is not a terminal, with each segment")
     output.add_argument("-q", "--quiet", action="store_true", help="no progress bar, even on a terminal")
+
+
+def add_duration_option(output, each: str) -> None:
+    """--max-duration, as this command and `batch` both take it: the limit the server applies too."""
+    output.add_argument("--max-duration", type=positive(float), default=DEFAULT_MAX_DURATION_S,
+                        metavar="SECONDS",
+                        help=f"refuse inputs longer than this, {each}; raise it for longer recordings "
+                             "(decoding holds about 0.5 GB of memory an hour of audio)")
 
 
 def _version() -> str:
@@ -195,8 +205,8 @@ def check_collisions(items: list[Item], out_dir: Path, parser) -> None:
     for item in items:
         other = seen.setdefault(item.stem, item.label)
         if other != item.label:
-            parser.error(f"{other} and {item.label} would both write {out_dir / item.stem}.*; "
-                         "give them separately with different -o directories")
+            parser.error(one_line(f"{other} and {item.label} would both write {out_dir / item.stem}.*; "
+                                  "give them separately with different -o directories"))
 
 
 def read_hotwords(path: str, parser) -> list[str]:
@@ -214,7 +224,7 @@ def render(transcript, fmt: str, label: str, compact: bool, lines=(None, None)) 
     if fmt != "json":
         return writers.render(transcript, fmt, *lines)
     out = dict(source=label, **transcript.to_dict())
-    return json.dumps(out, ensure_ascii=False, indent=None if compact else 2) + "\n"
+    return json_text(out, indent=None if compact else 2) + "\n"  # a name that is not UTF-8 as \\u escapes
 
 
 # --- progress on stderr ----------------------------------------------------------------------------------
@@ -260,7 +270,8 @@ class Progress:
         fraction = min(done_s / self.duration, 1.0) if self.duration > 0 else 1.0
         filled = int(round(fraction * self.WIDTH))
         bar = "#" * filled + "-" * (self.WIDTH - filled)
-        name = self.label if len(self.label) <= 40 else "..." + self.label[-37:]
+        label = one_line(self.label)
+        name = label if len(label) <= 40 else "..." + label[-37:]
         self.stream.write(f"\r\x1b[K[{self.index}/{self.total}] {name} |{bar}| {fraction:4.0%} "
                           f"{_clock(done_s)}/{_clock(self.duration)}")
         self.stream.flush()
@@ -280,7 +291,7 @@ class Progress:
     def line(self, text: str):
         """A whole line on stderr (an error, a warning, a log line) without breaking the bar."""
         self.clear()
-        print(text, file=self.stream, flush=True)
+        print(one_line(text), file=self.stream, flush=True)
 
     def clear(self):
         if self.drawn:
@@ -369,7 +380,7 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
             continue
         try:
             _emit(transcript, item, formats, out_dir, progress, (args.max_line_width, args.max_line_count))
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:  # each file is whole or absent: none is taken for done
             progress.error(f"cannot write its output: {exc}")
             failed += 1
     return EXIT_FAILED if failed else EXIT_OK
@@ -400,9 +411,7 @@ def _emit(transcript, item: Item, formats, out_dir, progress, lines=(None, None)
     """Files under `out_dir` when given; on stdout the text on one line, or the chosen format without -o."""
     if out_dir is not None:
         for fmt in formats:
-            path = out_dir / f"{item.stem}.{fmt}"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(render(transcript, fmt, item.label, False, lines), encoding="utf-8")
+            write_whole(out_dir / f"{item.stem}.{fmt}", render(transcript, fmt, item.label, False, lines))
     if out_dir is not None or formats[0] == "txt":
         text = transcript.text + "\n"
     else:
