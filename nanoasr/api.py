@@ -17,14 +17,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from nanoasr import backend as backend_mod
+from nanoasr import timestamps
 from nanoasr.audio.fbank import REFERENCES
+from nanoasr.checkpoints import ctc
+from nanoasr.checkpoints.checkpoint import Checkpoint
+from nanoasr.checkpoints.load import load_checkpoint
+from nanoasr.checkpoints.spec import expected_tensors
 from nanoasr.errors import OptionError
-from nanoasr.model import adaptor, alignment, ctc, decoder, encoder, generate, prompt
+from nanoasr.model import adaptor, decoder, encoder, generate, prompt
 from nanoasr.model.tokenizer import Tokenizer
-from nanoasr.model.checkpoint import Checkpoint
-from nanoasr.model.load import load_checkpoint
-from nanoasr.model.spec import expected_tensors
-from nanoasr.transcript import Segment, Transcript, Word
+from nanoasr.transcript import Segment, Transcript
 
 FUNASR_ADAPTOR_EPS = 1e-12  # the authors' adaptor LayerNorm eps (DESIGN §2)
 MAX_SEGMENT_S = 30.0
@@ -292,7 +294,8 @@ class Model:
                                       g.finish_reason, tuple(g.ids), g.avg_logprob)
                     if encodings is not None:
                         with timer.stage("ctc"):
-                            segment = self._with_words(segment, *encodings.pop(len(segments)))
+                            enc, mask = encodings.pop(len(segments))
+                            segment = timestamps.with_words(segment, enc, mask, self.ctc, self.ctc_weights)
                     segments.append(segment)
                     if on_segment is not None:
                         on_segment(segment)
@@ -312,23 +315,6 @@ class Model:
                         "; max_new_tokens raises the budget" if "length" in cut else "")
         code = prompt.language_code(options.language)
         return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, duration, timer.ms)
-
-    def _with_words(self, segment: Segment, enc, mask) -> Segment:
-        """The segment with its words, the CTC branch's greedy text and their agreement (FunASR's
-        inference_llm: the decoder's text aligned against the CTC posteriors of the segment's frames)."""
-        cfg, vocab = self.ctc.config, self.ctc.vocabulary
-        logp = ctc.log_probs(enc, mask, self.ctc_weights, cfg)  # [T, vocab]
-        ctc_text = vocab.decode(ctc.greedy_ids(logp, cfg.blank_id))
-        targets = vocab.encode(segment.text)
-        spans = alignment.token_spans(*ctc.target_columns(logp, targets, cfg.blank_id), targets)
-        if spans is None:  # no alignment exists: no word times rather than made-up ones
-            log.warning("segment at %.2f s: its %d CTC tokens do not fit in its %d frames; it has no word "
-                        "times", segment.start, len(targets), logp.shape[0])
-        pieces = alignment.words(segment.text, [vocab.token_bytes(t) for t in targets], spans or [])
-        seconds = lambda frame: round(segment.start + frame * ctc.FRAME_S, 3)  # noqa: E731
-        words = tuple(Word(w, seconds(a), seconds(b), p) for w, a, b, p in pieces)
-        return dataclasses.replace(segment, words=words, ctc_text=ctc_text,
-                                   ctc_agreement=round(alignment.agreement(segment.text, ctc_text), 4))
 
     def _decode_rows(self, spans, budgets, text_tokens: int, reference: str) -> int:
         """Segments decoded together: batch_size, fewer when their cache rows would pass MAX_CACHE_BYTES."""

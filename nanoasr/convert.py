@@ -1,7 +1,7 @@
 """Conversion to GGUF: nanoasr's own GGUF of one type (F32/F16/BF16/Q8_0/Q4_K_M), with a per-tensor error
 report, and a stock llama.cpp `qwen3` export of the decoder.
 
-The keys follow nanoasr.model.gguf_schema, which reads them back; docs/gguf.md lists every key.
+The keys follow nanoasr.checkpoints.gguf_schema, which reads them back; docs/gguf.md lists every key.
 """
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from gguf import GGML_QUANT_VERSION, GGUFValueType, GGUFWriter, GGMLQuantization
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
+from nanoasr.checkpoints.checkpoint import Checkpoint, validate
+from nanoasr.checkpoints.gguf_schema import ARCH, FILE_KEYS, SCHEMA_KEY, SCHEMA_VERSION
+from nanoasr.checkpoints.layouts import qwen3_names
+from nanoasr.checkpoints.spec import expected_tensors, spec
 from nanoasr.errors import ModelError
 from nanoasr.formats import gguf_write
-from nanoasr.formats.gguf_write import Progress
 from nanoasr.formats.gguf_read import GGML_TYPES
 from nanoasr.formats.gguf_vocab import add_vocab
-from nanoasr.model.checkpoint import Checkpoint, validate
+from nanoasr.formats.gguf_write import Progress
 from nanoasr.model.config import SECTIONS, TextConfig
-from nanoasr.model.gguf_schema import ARCH, FILE_KEYS, SCHEMA_KEY, SCHEMA_VERSION
-from nanoasr.model.layouts import qwen3_names
-from nanoasr.model.spec import expected_tensors, spec
 from nanoasr.quant import quantize
 from nanoasr.storage import bf16_to_f32
 from nanoasr.tensor import StoredTensor

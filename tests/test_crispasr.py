@@ -10,11 +10,11 @@ import gguf
 import numpy as np
 import pytest
 
-import nanoasr
+from nanoasr.checkpoints.checkpoint import Checkpoint
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.errors import ModelError
-from nanoasr.model.checkpoint import Checkpoint
-from nanoasr.model.load import load_checkpoint
 from nanoasr.tensor import StoredTensor, widen
+import nanoasr
 
 from tools.parity import cases
 from tools.reference import crispasr

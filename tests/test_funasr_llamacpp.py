@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import nanoasr
 from nanoasr import convert
+from nanoasr.checkpoints.checkpoint import Checkpoint
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.errors import ModelError
-from nanoasr.model.checkpoint import Checkpoint
-from nanoasr.model.load import load_checkpoint
 from nanoasr.tensor import widen
+import nanoasr
 
 from tools.parity import cases
 from tools.reference import funasr_llamacpp

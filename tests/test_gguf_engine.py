@@ -10,9 +10,9 @@ from gguf.quants import dequantize
 
 from nanoasr import convert
 from nanoasr.api import Model
+from nanoasr.checkpoints.checkpoint import Checkpoint
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.model import generate
-from nanoasr.model.checkpoint import Checkpoint
-from nanoasr.model.load import load_checkpoint
 from nanoasr.storage import bf16_to_f32
 from nanoasr.tensor import dense
 from tools.synth import speech_like

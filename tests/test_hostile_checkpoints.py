@@ -14,11 +14,11 @@ from gguf import GGUFValueType
 from gguf.quants import dequantize as gguf_dequantize
 
 from nanoasr import convert
+from nanoasr.checkpoints.gguf_schema import load_gguf
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.errors import ModelError
 from nanoasr.formats.gguf_read import read_header
 from nanoasr.formats.gguf_vocab import vocab_arrays
-from nanoasr.model.gguf_schema import load_gguf
-from nanoasr.model.load import load_checkpoint
 from test_gguf import Q8Quantizer, random_checkpoint
 from tools.synth import speech_like
 

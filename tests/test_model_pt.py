@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import nanoasr
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.errors import ModelError
 from nanoasr.formats import torch_zip
-from nanoasr.model.load import load_checkpoint
+import nanoasr
 from tools.parity import cases
 from tools.reference import funasr_checkpoint
 

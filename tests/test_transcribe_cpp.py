@@ -9,10 +9,10 @@ import gguf
 import numpy as np
 import pytest
 
-import nanoasr
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.errors import ModelError
-from nanoasr.model.load import load_checkpoint
 from nanoasr.tensor import widen
+import nanoasr
 
 from tools.parity import cases
 from tools.reference import transcribe_cpp

@@ -126,7 +126,7 @@ def tiny_checkpoint(work: Path) -> Path:
 def tiny_q8_0(work: Path) -> Path:
     """The committed tiny checkpoint converted to a Q8_0 GGUF under work."""
     from nanoasr import convert
-    from nanoasr.model.load import load_checkpoint
+    from nanoasr.checkpoints.load import load_checkpoint
 
     path = work / "tiny-q8_0.gguf"
     convert.write(path, load_checkpoint(tiny_checkpoint(work)), "q8_0", report=False, progress=None)

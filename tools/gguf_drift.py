@@ -69,7 +69,7 @@ def main() -> int:
     import numpy as np
 
     from nanoasr import convert
-    from nanoasr.model.load import load_checkpoint
+    from nanoasr.checkpoints.load import load_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint")

@@ -34,8 +34,8 @@ def main() -> int:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
+    from nanoasr.checkpoints.load import load_checkpoint
     from nanoasr.convert import write_qwen3
-    from nanoasr.model.load import load_checkpoint
     from nanoasr.quant.quantize import quantize
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from nanoasr.model.config import Config  # noqa: E402
-from nanoasr.model.spec import expected_tensors  # noqa: E402
+from nanoasr.checkpoints.spec import expected_tensors  # noqa: E402
 
 TINY = ROOT / "tests" / "fixtures" / "tiny"
 SIZE_KEYS = {"audio_config": ("audio", ("hidden_size", "num_attention_heads", "intermediate_size",
