@@ -17,7 +17,7 @@ from nanoasr.formats import gguf_read
 from nanoasr.tensor import widen
 import nanoasr
 
-from tools.parity import cases
+from tools.lib.parity import cases
 from tools.reference import audiocpp
 
 REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")

@@ -1,13 +1,13 @@
-"""tools/bench.py's plumbing on the tiny checkpoint: interleaved rounds, medians with their spread, the
+"""tools/bench/bench.py's plumbing on the tiny checkpoint: interleaved rounds, medians with their spread, the
 machine's description with and without llama-cpp-python, and a nanoasr child's figures; and
-tools/overlap_bench.py's rounds. No timing is judged here."""
+tools/bench/overlap_bench.py's rounds. No timing is judged here."""
 import json
 import subprocess
 import sys
 
 import pytest
 
-from tools import bench
+from tools.bench import bench
 
 
 def test_rounds_summarize_to_medians_with_min_and_max():

@@ -16,7 +16,7 @@ from nanoasr.errors import ModelError
 from nanoasr.tensor import StoredTensor, widen
 import nanoasr
 
-from tools.parity import cases
+from tools.lib.parity import cases
 from tools.reference import crispasr
 
 REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")

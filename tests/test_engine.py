@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from nanoasr.model import decoder, generate
-from tools.parity import cases, check_case, full_sequence_logits, stage_outputs, teacher_forced_logits
+from tools.lib.parity import cases, check_case, full_sequence_logits, stage_outputs, teacher_forced_logits
 from tools.reference.dump import CASES, FORCED_TOKENS
 
 REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")

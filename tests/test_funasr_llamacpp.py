@@ -16,7 +16,7 @@ from nanoasr.errors import ModelError
 from nanoasr.tensor import widen
 import nanoasr
 
-from tools.parity import cases
+from tools.lib.parity import cases
 from tools.reference import funasr_llamacpp
 from tools.reference.funasr_llamacpp import DECODER_FILE, ENCODER_FILE
 

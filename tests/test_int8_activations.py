@@ -11,8 +11,8 @@ from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.cli import serve, transcribe
 from nanoasr.errors import OptionError
 from nanoasr.kernels import cpu
-from tools.parity import stage_outputs, teacher_forced_logits
-from tools.synth import speech_like
+from tools.lib.parity import stage_outputs, teacher_forced_logits
+from tools.lib.synth import speech_like
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.errors import ModelError
 from nanoasr.formats import torch_zip
 import nanoasr
-from tools.parity import cases
+from tools.lib.parity import cases
 from tools.reference import funasr_checkpoint
 
 REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")

@@ -20,7 +20,7 @@ from nanoasr.model import ctc
 from nanoasr.transcript import Segment, Transcript, Word
 import nanoasr
 from tools.reference import ctc_branch, funasr_checkpoint
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 SR = 16000
 

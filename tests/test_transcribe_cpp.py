@@ -14,7 +14,7 @@ from nanoasr.errors import ModelError
 from nanoasr.tensor import widen
 import nanoasr
 
-from tools.parity import cases
+from tools.lib.parity import cases
 from tools.reference import transcribe_cpp
 
 REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")

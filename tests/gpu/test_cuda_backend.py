@@ -26,7 +26,7 @@ from nanoasr.kernels import cuda as gk
 from nanoasr.model import generate
 from nanoasr.quant.reference import dequantize
 from nanoasr.tensor import StoredTensor
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 
 class NumpyKernel:

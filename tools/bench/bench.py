@@ -1,6 +1,6 @@
 """Benchmark nanoasr against Transformers (and llama.cpp's decoder) on the same random-weight checkpoint.
 
-    python tools/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
+    python tools/bench/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
                           [--llama-gguf qwen3.gguf] [--seconds 10] [--tokens 40] [--long-seconds 600]
                           [--threads 2] [--device cpu|cuda] [--activations exact|int8|bf16] [--rounds 3]
                           [--huge-pages off|on|both] [--isa native|avx2]
@@ -13,8 +13,8 @@ them alike; every figure is the median over the rounds, with its minimum and max
 CPU and the features nanoasr chooses its kernels by, llama.cpp's own system information when
 llama-cpp-python is installed, and the machine's read bandwidth (a streaming sum over a buffer of 1 GiB or
 four times the last-level cache, on as many threads as the runs use), against which F16/BF16 decode steps
-are reported. `--isa avx2` holds every side to the instructions of an AVX2-only x86 CPU (tools/measure.py),
-so that an AVX-512 machine measures the paths such CPUs run; llama.cpp must then be a build without AVX-512
+are reported. `--isa avx2` holds every side to the instructions of an AVX2-only x86 CPU
+(tools/lib/measure.py), so that an AVX-512 machine measures the paths such CPUs run; llama.cpp must then be a build without AVX-512
 (pass its Python as --llama-python; the report shows its system info).
 """
 from __future__ import annotations
@@ -31,10 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tools.measure import (ISA_ENVIRON, environ_without_blas_vars, last_level_cache_bytes,  # noqa: E402
+from tools.lib.measure import (ISA_ENVIRON, environ_without_blas_vars, last_level_cache_bytes,  # noqa: E402
                            median_ms)
 
 
@@ -63,7 +63,7 @@ def device_figures(model) -> dict:
 def child_nanoasr(args) -> dict:
     from nanoasr.api import Model
     from nanoasr.formats.mapping import huge_page_share
-    from tools.synth import speech_like
+    from tools.lib.synth import speech_like
 
     start = time.perf_counter()
     model = Model.load(args.model, device=args.device, threads=args.threads, activations=args.activations,
@@ -148,7 +148,7 @@ def long_audio(model, args) -> dict:
     """A long recording segmented and decoded 8 segments at a time, and (with --long-sequential) again one
     segment at a time."""
     from nanoasr.api import Model
-    from tools.synth import speech_like
+    from tools.lib.synth import speech_like
 
     wave = speech_like(args.long_seconds, seed=2, silence_every_s=45)
     result = model.transcribe(wave, sample_rate=16000, reference=args.reference)
@@ -173,7 +173,7 @@ def stage_times(model, threads: int) -> dict:
     from threadpoolctl import threadpool_limits
 
     from nanoasr.model import decoder
-    from tools.synth import speech_like
+    from tools.lib.synth import speech_like
 
     out = {}
     minute = speech_like(60, seed=3)
@@ -422,7 +422,7 @@ def report(results: dict, args) -> str:
     day = time.strftime('%Y-%m-%d', time.gmtime())
     unset = "OPENBLAS_L2_SIZE" if held else "OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE"
     lines = [f"## {day}: {m['cpu']} (`{m['cpu_target']}`){held}{activations}", "",
-             f"Produced by `python tools/bench.py {' '.join(sys.argv[1:])}` "
+             f"Produced by `python tools/bench/bench.py {' '.join(sys.argv[1:])}` "
              f"({args.threads} threads, {args.seconds} s of speech-like audio with {args.tokens} tokens "
              f"forced, `{args.reference}` profile, {unset} unset, {args.rounds} "
              "interleaved rounds: each figure is the median, with the minimum and maximum in brackets).", "",

@@ -1,7 +1,7 @@
 """What word timestamps add to a segment: the CTC branch and the alignment, next to the encoder, on full-size
 random BF16 weights (no checkpoint needed).
 
-    python -m tools.ctc_cost [--seconds 30] [--tokens 150] [--threads N] [--repeats 3]
+    python -m tools.bench.ctc_cost [--seconds 30] [--tokens 150] [--threads N] [--repeats 3]
 """
 from __future__ import annotations
 
