@@ -34,7 +34,25 @@ def tiny_model(tiny_dir):
 # transformers import, a missing ffmpeg) fails the run instead of hiding a tier. Only the GPU tier and the
 # kernel paths for CPU features the machine lacks (marked cpu_path) may skip.
 STRICT_SKIPS = os.environ.get("NANOASR_NO_SKIPS") == "1"
+# The fast lane: locally, tests marked slow or live are skipped unless asked for (`--all`, or `-m` naming
+# them). The full run is every tier: `--all`, or CI (CI=true, or NANOASR_NO_SKIPS=1 as .ci/run sets).
+FULL_RUN = STRICT_SKIPS or os.environ.get("CI") == "true"
+LANE_MARKERS = ("slow", "live")
 _unexpected_skips: list[str] = []
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", dest="all_tiers",
+                     help="run the slow and live tests too (the full run; CI always does)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if FULL_RUN or config.getoption("all_tiers") or config.getoption("markexpr"):
+        return
+    for item in items:
+        tier = next((m for m in LANE_MARKERS if m in item.keywords), None)
+        if tier is not None:
+            item.add_marker(pytest.mark.skip(reason=f"{tier}: outside the fast lane; --all runs it"))
 
 
 def _note_skip(report) -> None:
