@@ -1,6 +1,6 @@
-"""Word timing: a segment's words timed by FunASR's CTC branch (`with_words`), from the forced alignment of its
-transcript against the CTC log-probabilities (host numpy), and how far the branch's greedy text agrees with
-the decoder's.
+"""Word timing: a segment's words timed by FunASR's CTC branch (`with_words`), from the forced alignment of
+its transcript against the CTC log-probabilities (host numpy), and how far the branch's greedy text agrees
+with the decoder's.
 
 The alignment is the Viterbi path FunASR takes from torchaudio's forced_align: states blank, t1, blank, t2,
 ..., blank; each frame stays, moves one state, or skips a blank between two different tokens; ties keep the

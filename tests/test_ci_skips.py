@@ -1,5 +1,5 @@
-"""CI's rule (NANOASR_NO_SKIPS=1): a skipped test fails the run, except in the GPU tier. The fast lane: locally,
-slow and live tests are skipped unless asked for; CI runs them."""
+"""CI's rule (NANOASR_NO_SKIPS=1): a skipped test fails the run, except in the GPU tier. The fast lane:
+locally, slow and live tests are skipped unless asked for; CI runs them."""
 import pathlib
 
 import pytest
@@ -52,7 +52,8 @@ def test_all_runs_every_tier(pytester, monkeypatch):
 
 
 def test_a_marker_expression_runs_what_it_names(pytester, monkeypatch):
-    run(pytester, monkeypatch, False, "test_tiers", args=["-m", "slow"]).assert_outcomes(passed=1, deselected=2)
+    result = run(pytester, monkeypatch, False, "test_tiers", args=["-m", "slow"])
+    result.assert_outcomes(passed=1, deselected=2)
 
 
 @pytest.mark.parametrize("strict, ci", [(True, None), (False, "true")])

@@ -19,8 +19,8 @@ from nanoasr.errors import OptionError
 from nanoasr.model import ctc
 from nanoasr.transcript import Segment, Transcript, Word
 import nanoasr
-from tools.reference import ctc_branch, funasr_checkpoint
 from tools.lib.synth import speech_like
+from tools.reference import ctc_branch, funasr_checkpoint
 
 SR = 16000
 

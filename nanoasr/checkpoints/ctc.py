@@ -1,6 +1,6 @@
-"""FunASR's CTC branch as a checkpoint holds it: its tensors (`ctc_decoder.*`, `ctc.ctc_lo.*`) in our names, its
-config from their shapes and config.yaml, and the vocabulary file beside model.pt. Only the ModelScope copy of
-Fun-ASR-Nano-2512's model.pt carries it; nanoasr.model.ctc runs it.
+"""FunASR's CTC branch as a checkpoint holds it: its tensors (`ctc_decoder.*`, `ctc.ctc_lo.*`) in our names,
+its config from their shapes and config.yaml, and the vocabulary file beside model.pt. Only the ModelScope
+copy of Fun-ASR-Nano-2512's model.pt carries it; nanoasr.model.ctc runs it.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """FunASR's CTC branch, the network: a Transformer over the encoder output (`ctc_decoder.*`, the Transformer
-class of funasr/models/llm_asr/adaptor.py with downsample_rate 1, the audio adaptor's design) and a projection to
-the CTC vocabulary (`ctc.ctc_lo`, funasr/models/fun_asr_nano/ctc.py), log-softmaxed. Its posteriors give word
-timestamps and a greedy second transcript; nanoasr.checkpoints.ctc reads it from FunASR's model.pt.
+class of funasr/models/llm_asr/adaptor.py with downsample_rate 1, the audio adaptor's design) and a projection
+to the CTC vocabulary (`ctc.ctc_lo`, funasr/models/fun_asr_nano/ctc.py), log-softmaxed. Its posteriors give
+word timestamps and a greedy second transcript; nanoasr.checkpoints.ctc reads it from FunASR's model.pt.
 """
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ CPU and the features nanoasr chooses its kernels by, llama.cpp's own system info
 llama-cpp-python is installed, and the machine's read bandwidth (a streaming sum over a buffer of 1 GiB or
 four times the last-level cache, on as many threads as the runs use), against which F16/BF16 decode steps
 are reported. `--isa avx2` holds every side to the instructions of an AVX2-only x86 CPU
-(tools/lib/measure.py), so that an AVX-512 machine measures the paths such CPUs run; llama.cpp must then be a build without AVX-512
-(pass its Python as --llama-python; the report shows its system info).
+(tools/lib/measure.py), so that an AVX-512 machine measures the paths such CPUs run; llama.cpp must then be a
+build without AVX-512 (pass its Python as --llama-python; the report shows its system info).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tools.lib.measure import (ISA_ENVIRON, environ_without_blas_vars, last_level_cache_bytes,  # noqa: E402
-                           median_ms)
+                               median_ms)
 
 
 def peak_rss_mb() -> float:

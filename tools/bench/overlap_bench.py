@@ -7,8 +7,8 @@ with every thread each).
                                         [--rounds 3] [--isa native|avx2]
 
 Each line is one round; the sequential figure is the time long audio spends on the two stages today.
-Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as tools/bench/bench.py does, or with `--isa avx2` held
-to an AVX2-only CPU's instructions (tools/lib/measure.py).
+Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as tools/bench/bench.py does, or with `--isa avx2`
+held to an AVX2-only CPU's instructions (tools/lib/measure.py).
 """
 from __future__ import annotations
 

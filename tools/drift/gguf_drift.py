@@ -97,7 +97,8 @@ def main() -> int:
         rows[f"{target} gguf"] = result
     lines = ["# GGUF drift", "",
              f"Produced by `python tools/drift/gguf_drift.py {' '.join(sys.argv[1:])}`: {SECONDS} s of "
-             f"speech-like audio, funasr profile, {STEPS} decode steps forced along the BF16 path's greedy ids, "
+             f"speech-like audio, funasr profile, {STEPS} decode steps forced along the BF16 path's greedy "
+             "ids, "
              "2 threads (checkpoint and files: [README.md](README.md)). The weights are random, not "
              "trained: drift on the real checkpoint is not measured here.", "",
              "| model | file MB | load s | peak RSS MB | prefill logits rel. error | top-1 agreement |",

@@ -2,7 +2,8 @@
 
 
 def finish(writer) -> None:
-    """Header, key-values and tensors of `writer` (a gguf.GGUFWriter opened on a path) written, file closed."""
+    """Header, key-values and tensors of `writer` (a gguf.GGUFWriter opened on a path) written; file
+    closed."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
