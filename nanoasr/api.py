@@ -34,6 +34,7 @@ BATCH_SIZE = 8  # segments decoded together, by default (Model's batch_size)
 # The KV cache of the segments decoded together stays under this (one row at least): a prompt near its token
 # limit makes a row about 1 GB on the full-size model, so long prompts decode fewer segments at once.
 MAX_CACHE_BYTES = 2 << 30
+MAX_CONTEXT_CHARS = prompt.MAX_CONTEXT_CHARS  # the context option's limit, for the edges that state it
 log = logging.getLogger(__name__)
 
 
@@ -73,6 +74,11 @@ class Options:
         # language, hotwords and context, and their length limits
         prompt.instruction(self.language, self.itn, self.hotwords, self.context)
 
+    @property
+    def language_code(self) -> str | None:
+        """The ISO code of `language` (given as code, English or Chinese name); None for automatic."""
+        return prompt.language_code(self.language)
+
     def prompt_options(self) -> dict:
         return dict(language=self.language, itn=self.itn, hotwords=self.hotwords, context=self.context)
 
@@ -107,6 +113,8 @@ def _hotword_tuple(hotwords) -> tuple[str, ...]:
 
 
 class Timer:
+    """Milliseconds spent in each named stage, summed over a call (Transcript.timings)."""
+
     def __init__(self):
         self.ms: dict[str, float] = {}
 
@@ -304,7 +312,7 @@ class Model:
                 prompts = self._segment_prompts(wave, spans, options, template, timer, encodings)
                 rows = self._decode_rows(spans, budgets, template.text_tokens, options.reference)
                 generate.generate(prompts, budgets, self.weights, self.config.text, self.tokenizer.stop_ids,
-                                  options.ignore_stop, rows=rows, timings=timer.ms, on_done=emit,
+                                  options.ignore_stop, rows=rows, timer=timer, on_done=emit,
                                   bf16_rope=options.reference == "funasr")
         timer.ms["total"] = (time.perf_counter() - start) * 1e3
         cut = [s.finish_reason for s in segments if s.truncated]
@@ -326,6 +334,11 @@ class Model:
         positions = text_tokens + audio_tokens + max(budgets)
         row_bytes = positions * decoder.cache_bytes_per_position(self.config.text)
         return max(1, min(self.batch_size, len(spans), MAX_CACHE_BYTES // row_bytes))
+
+
+def language_name(code: str) -> str:
+    """The English name of a language's ISO code (Transcript.language)."""
+    return prompt.LANGUAGES[code][1]
 
 
 def join_texts(texts) -> str:

@@ -24,6 +24,7 @@ from nanoasr.formats.gguf_vocab import add_vocab
 from nanoasr.formats.gguf_write import Progress
 from nanoasr.model.config import SECTIONS, TextConfig
 from nanoasr.quant import quantize
+from nanoasr.quant.quantize import error_report
 from nanoasr.storage import bf16_to_f32
 from nanoasr.tensor import StoredTensor
 
@@ -78,18 +79,11 @@ def decode(data: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     return gguf_dequantize(data, GGML_TYPES[dtype]).reshape(shape)
 
 
-def _error(original: np.ndarray, restored: np.ndarray) -> dict:
-    diff = (restored - original).astype(np.float64)
-    norm = float(np.sqrt(np.mean(np.square(original, dtype=np.float64))))
-    rms = float(np.sqrt(np.mean(np.square(diff))))
-    return {"rel_rms": rms / norm if norm else rms, "max_abs": float(np.abs(diff).max(initial=0.0))}
-
-
 def _report_row(name: str, t: StoredTensor, dtype: str, data: np.ndarray, report: bool) -> dict:
     row = {"name": name, "type": GGML_TYPES[dtype].name, "shape": list(t.shape), "bytes": int(data.nbytes),
            "rel_rms": None, "max_abs": None}
     if report:
-        row.update(_error(t.numpy(), decode(data, dtype, tuple(t.shape))))
+        row.update(error_report(t.numpy(), decode(data, dtype, tuple(t.shape))))
     return row
 
 
