@@ -24,6 +24,14 @@ def tiny_dir(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_dir):
+    """The tiny checkpoint as loaded from its directory: what every other layout of it must equal."""
+    from nanoasr.checkpoints.load import load_checkpoint
+
+    return load_checkpoint(tiny_dir)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tiny_dir):
     from nanoasr.api import Model
 
