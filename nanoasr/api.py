@@ -17,14 +17,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from nanoasr import backend as backend_mod
+from nanoasr import timestamps
 from nanoasr.audio.fbank import REFERENCES
+from nanoasr.checkpoints import ctc
+from nanoasr.checkpoints.checkpoint import Checkpoint
+from nanoasr.checkpoints.load import load_checkpoint
+from nanoasr.checkpoints.spec import expected_tensors
 from nanoasr.errors import OptionError
-from nanoasr.model import adaptor, alignment, ctc, decoder, encoder, generate, prompt
+from nanoasr.model import adaptor, decoder, encoder, generate, prompt
 from nanoasr.model.tokenizer import Tokenizer
-from nanoasr.model.checkpoint import Checkpoint
-from nanoasr.model.load import load_checkpoint
-from nanoasr.model.spec import expected_tensors
-from nanoasr.transcript import Segment, Transcript, Word
+from nanoasr.transcript import Segment, Transcript
 
 FUNASR_ADAPTOR_EPS = 1e-12  # the authors' adaptor LayerNorm eps (DESIGN §2)
 MAX_SEGMENT_S = 30.0
@@ -32,6 +34,7 @@ BATCH_SIZE = 8  # segments decoded together, by default (Model's batch_size)
 # The KV cache of the segments decoded together stays under this (one row at least): a prompt near its token
 # limit makes a row about 1 GB on the full-size model, so long prompts decode fewer segments at once.
 MAX_CACHE_BYTES = 2 << 30
+MAX_CONTEXT_CHARS = prompt.MAX_CONTEXT_CHARS  # the context option's limit, for the edges that state it
 log = logging.getLogger(__name__)
 
 
@@ -71,6 +74,11 @@ class Options:
         # language, hotwords and context, and their length limits
         prompt.instruction(self.language, self.itn, self.hotwords, self.context)
 
+    @property
+    def language_code(self) -> str | None:
+        """The ISO code of `language` (given as code, English or Chinese name); None for automatic."""
+        return prompt.language_code(self.language)
+
     def prompt_options(self) -> dict:
         return dict(language=self.language, itn=self.itn, hotwords=self.hotwords, context=self.context)
 
@@ -105,6 +113,8 @@ def _hotword_tuple(hotwords) -> tuple[str, ...]:
 
 
 class Timer:
+    """Milliseconds spent in each named stage, summed over a call (Transcript.timings)."""
+
     def __init__(self):
         self.ms: dict[str, float] = {}
 
@@ -292,7 +302,8 @@ class Model:
                                       g.finish_reason, tuple(g.ids), g.avg_logprob)
                     if encodings is not None:
                         with timer.stage("ctc"):
-                            segment = self._with_words(segment, *encodings.pop(len(segments)))
+                            enc, mask = encodings.pop(len(segments))
+                            segment = timestamps.with_words(segment, enc, mask, self.ctc, self.ctc_weights)
                     segments.append(segment)
                     if on_segment is not None:
                         on_segment(segment)
@@ -301,7 +312,7 @@ class Model:
                 prompts = self._segment_prompts(wave, spans, options, template, timer, encodings)
                 rows = self._decode_rows(spans, budgets, template.text_tokens, options.reference)
                 generate.generate(prompts, budgets, self.weights, self.config.text, self.tokenizer.stop_ids,
-                                  options.ignore_stop, rows=rows, timings=timer.ms, on_done=emit,
+                                  options.ignore_stop, rows=rows, timer=timer, on_done=emit,
                                   bf16_rope=options.reference == "funasr")
         timer.ms["total"] = (time.perf_counter() - start) * 1e3
         cut = [s.finish_reason for s in segments if s.truncated]
@@ -313,23 +324,6 @@ class Model:
         code = prompt.language_code(options.language)
         return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, duration, timer.ms)
 
-    def _with_words(self, segment: Segment, enc, mask) -> Segment:
-        """The segment with its words, the CTC branch's greedy text and their agreement (FunASR's
-        inference_llm: the decoder's text aligned against the CTC posteriors of the segment's frames)."""
-        cfg, vocab = self.ctc.config, self.ctc.vocabulary
-        logp = ctc.log_probs(enc, mask, self.ctc_weights, cfg)  # [T, vocab]
-        ctc_text = vocab.decode(ctc.greedy_ids(logp, cfg.blank_id))
-        targets = vocab.encode(segment.text)
-        spans = alignment.token_spans(*ctc.target_columns(logp, targets, cfg.blank_id), targets)
-        if spans is None:  # no alignment exists: no word times rather than made-up ones
-            log.warning("segment at %.2f s: its %d CTC tokens do not fit in its %d frames; it has no word "
-                        "times", segment.start, len(targets), logp.shape[0])
-        pieces = alignment.words(segment.text, [vocab.token_bytes(t) for t in targets], spans or [])
-        seconds = lambda frame: round(segment.start + frame * ctc.FRAME_S, 3)  # noqa: E731
-        words = tuple(Word(w, seconds(a), seconds(b), p) for w, a, b, p in pieces)
-        return dataclasses.replace(segment, words=words, ctc_text=ctc_text,
-                                   ctc_agreement=round(alignment.agreement(segment.text, ctc_text), 4))
-
     def _decode_rows(self, spans, budgets, text_tokens: int, reference: str) -> int:
         """Segments decoded together: batch_size, fewer when their cache rows would pass MAX_CACHE_BYTES."""
         from nanoasr.audio.fbank import n_lfr_frames
@@ -340,6 +334,11 @@ class Model:
         positions = text_tokens + audio_tokens + max(budgets)
         row_bytes = positions * decoder.cache_bytes_per_position(self.config.text)
         return max(1, min(self.batch_size, len(spans), MAX_CACHE_BYTES // row_bytes))
+
+
+def language_name(code: str) -> str:
+    """The English name of a language's ISO code (Transcript.language)."""
+    return prompt.LANGUAGES[code][1]
 
 
 def join_texts(texts) -> str:

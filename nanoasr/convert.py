@@ -1,7 +1,7 @@
 """Conversion to GGUF: nanoasr's own GGUF of one type (F32/F16/BF16/Q8_0/Q4_K_M), with a per-tensor error
 report, and a stock llama.cpp `qwen3` export of the decoder.
 
-The keys follow nanoasr.model.gguf_schema, which reads them back; docs/gguf.md lists every key.
+The keys follow nanoasr.checkpoints.gguf_schema, which reads them back; docs/gguf.md lists every key.
 """
 from __future__ import annotations
 
@@ -13,17 +13,18 @@ from gguf import GGML_QUANT_VERSION, GGUFValueType, GGUFWriter, GGMLQuantization
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
+from nanoasr.checkpoints.checkpoint import Checkpoint, validate
+from nanoasr.checkpoints.gguf_schema import ARCH, FILE_KEYS, SCHEMA_KEY, SCHEMA_VERSION
+from nanoasr.checkpoints.layouts import qwen3_names
+from nanoasr.checkpoints.spec import expected_tensors, spec
 from nanoasr.errors import ModelError
 from nanoasr.formats import gguf_write
-from nanoasr.formats.gguf_write import Progress
 from nanoasr.formats.gguf_read import GGML_TYPES
 from nanoasr.formats.gguf_vocab import add_vocab
-from nanoasr.model.checkpoint import Checkpoint, validate
+from nanoasr.formats.gguf_write import Progress
 from nanoasr.model.config import SECTIONS, TextConfig
-from nanoasr.model.gguf_schema import ARCH, FILE_KEYS, SCHEMA_KEY, SCHEMA_VERSION
-from nanoasr.model.layouts import qwen3_names
-from nanoasr.model.spec import expected_tensors, spec
 from nanoasr.quant import quantize
+from nanoasr.quant.quantize import error_report
 from nanoasr.storage import bf16_to_f32
 from nanoasr.tensor import StoredTensor
 
@@ -78,18 +79,11 @@ def decode(data: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     return gguf_dequantize(data, GGML_TYPES[dtype]).reshape(shape)
 
 
-def _error(original: np.ndarray, restored: np.ndarray) -> dict:
-    diff = (restored - original).astype(np.float64)
-    norm = float(np.sqrt(np.mean(np.square(original, dtype=np.float64))))
-    rms = float(np.sqrt(np.mean(np.square(diff))))
-    return {"rel_rms": rms / norm if norm else rms, "max_abs": float(np.abs(diff).max(initial=0.0))}
-
-
 def _report_row(name: str, t: StoredTensor, dtype: str, data: np.ndarray, report: bool) -> dict:
     row = {"name": name, "type": GGML_TYPES[dtype].name, "shape": list(t.shape), "bytes": int(data.nbytes),
            "rel_rms": None, "max_abs": None}
     if report:
-        row.update(_error(t.numpy(), decode(data, dtype, tuple(t.shape))))
+        row.update(error_report(t.numpy(), decode(data, dtype, tuple(t.shape))))
     return row
 
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
+from nanoasr.checkpoints.spec import spec
 from nanoasr.errors import ModelError
 from nanoasr.formats.mapping import leave_page_cache
-from nanoasr.model.spec import spec
 from nanoasr.untrusted import ReadRefused, load_json, read_regular
 
 MANIFEST = "nanoasr-package.json"  # written into a local_dir: which package, repo and commit it holds

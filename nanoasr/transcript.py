@@ -9,7 +9,6 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-FINISH_REASONS = ("stop", "length", "repetition", "silence")
 OPTIONAL_FIELDS = ("words", "ctc_text", "ctc_agreement")  # Segment's, present with word_timestamps
 
 
@@ -30,7 +29,7 @@ class Segment:
     start: float
     end: float
     text: str
-    finish_reason: str  # "stop" | "length" (token budget hit) | "repetition" (loop guard) | "silence"
+    finish_reason: str  # "stop" | "length" (token budget hit) | "repetition" (loop guard)
     token_ids: tuple[int, ...] = ()
     avg_logprob: float = 0.0  # mean log-probability of the generated tokens (0 for skipped segments)
     # With word_timestamps (a checkpoint with FunASR's CTC branch): the words, empty when the text's tokens

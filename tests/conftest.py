@@ -24,6 +24,14 @@ def tiny_dir(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_dir):
+    """The tiny checkpoint as loaded from its directory: what every other layout of it must equal."""
+    from nanoasr.checkpoints.load import load_checkpoint
+
+    return load_checkpoint(tiny_dir)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tiny_dir):
     from nanoasr.api import Model
 
@@ -34,7 +42,25 @@ def tiny_model(tiny_dir):
 # transformers import, a missing ffmpeg) fails the run instead of hiding a tier. Only the GPU tier and the
 # kernel paths for CPU features the machine lacks (marked cpu_path) may skip.
 STRICT_SKIPS = os.environ.get("NANOASR_NO_SKIPS") == "1"
+# The fast lane: locally, tests marked slow or live are skipped unless asked for (`--all`, or `-m` naming
+# them). The full run is every tier: `--all`, or CI (CI=true, or NANOASR_NO_SKIPS=1 as .ci/run sets).
+FULL_RUN = STRICT_SKIPS or os.environ.get("CI") == "true"
+LANE_MARKERS = ("slow", "live")
 _unexpected_skips: list[str] = []
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", dest="all_tiers",
+                     help="run the slow and live tests too (the full run; CI always does)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if FULL_RUN or config.getoption("all_tiers") or config.getoption("markexpr"):
+        return
+    for item in items:
+        tier = next((m for m in LANE_MARKERS if m in item.keywords), None)
+        if tier is not None:
+            item.add_marker(pytest.mark.skip(reason=f"{tier}: outside the fast lane; --all runs it"))
 
 
 def _note_skip(report) -> None:

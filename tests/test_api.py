@@ -15,7 +15,7 @@ import soundfile
 
 import nanoasr
 from nanoasr import Segment, Transcript
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 ROOT = Path(__file__).resolve().parents[1]
 SR = 16000

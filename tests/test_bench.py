@@ -1,13 +1,13 @@
-"""tools/bench.py's plumbing on the tiny checkpoint: interleaved rounds, medians with their spread, the
+"""tools/bench/bench.py's plumbing on the tiny checkpoint: interleaved rounds, medians with their spread, the
 machine's description with and without llama-cpp-python, a nanoasr child's figures, and the markdown page
-of a run or of saved runs; and tools/overlap_bench.py's rounds. No timing is judged here."""
+of a run or of saved runs; and tools/bench/overlap_bench.py's rounds. No timing is judged here."""
 import json
 import subprocess
 import sys
 
 import pytest
 
-from tools import bench
+from tools.bench import bench
 
 
 def test_rounds_summarize_to_medians_with_min_and_max():
@@ -47,7 +47,7 @@ def test_configurations_run_interleaved_and_the_report_carries_the_machine(monke
     results = json.loads((tmp_path / "out.json").read_text())
     q8 = results["runs"]["nanoasr m-q8_0.gguf"]
     assert q8["decode_ms_per_token"] == 15.5 and q8["spread"]["decode_ms_per_token"] == [13.0, 18.0]
-    assert results["command"].startswith("python tools/bench.py --model a/m-bf16 ")
+    assert results["command"].startswith("python tools/bench/bench.py --model a/m-bf16 ")
     text = report.read_text()  # the page replaces what was there
     assert text.startswith("# Speed\n") and "earlier" not in text
     features = bench.machine(bench.argparse.Namespace(llama_python=sys.executable))["cpu_features"]
@@ -146,7 +146,7 @@ def saved_run(command: str, runs: dict) -> dict:
 
 
 def test_the_page_renders_saved_runs_with_their_machine_command_and_speed_ups(monkeypatch, tmp_path):
-    decode = saved_run("python tools/bench.py --model m-q8_0.gguf --llama-gguf qwen3-q8_0.gguf --seconds 10 "
+    decode = saved_run("python tools/bench/bench.py --model m-q8_0.gguf --llama-gguf qwen3-q8_0.gguf --seconds 10 "
                        "--tokens 40 --activations int8 --long-seconds 600 --json d.json",
                        {"nanoasr m-q8_0.gguf": {"decode_ms_per_token": 20.0, "prefill196_ms": 400.0,
                                                 "rtf": 0.125, "long_rtf": 0.0712, "peak_rss_mb": 1451.4,
@@ -155,7 +155,7 @@ def test_the_page_renders_saved_runs_with_their_machine_command_and_speed_ups(mo
                         "nanoasr m-q4_k_m.gguf": {"error": "killed"},
                         "llama.cpp decoder qwen3-q8_0.gguf": {"decode_ms_per_token": 30.0,
                                                               "prefill196_ms": 1000.0, "peak_rss_mb": 846.1}})
-    clip = saved_run("python tools/bench.py --model full --transformers full --seconds 4 --tokens 32 "
+    clip = saved_run("python tools/bench/bench.py --model full --transformers full --seconds 4 --tokens 32 "
                      "--rounds 2",
                      {"nanoasr full": {"rtf": 0.4, "encoder_adaptor_30s_ms": 800.0},
                       "transformers fp32": {"rtf": 1.8, "encoder_adaptor_30s_ms": 1800.0},
@@ -171,10 +171,10 @@ def test_the_page_renders_saved_runs_with_their_machine_command_and_speed_ups(mo
     text = page.read_text()
     head, first, second = text.split("\n## ")
     assert head.startswith("# Speed\n\nRandom weights of the real model's sizes.\n\nEach figure is the")
-    assert (f"```sh\npython tools/bench.py \\\n    --report {page} \\\n    --from {paths[0]} "
+    assert (f"```sh\npython tools/bench/bench.py \\\n    --report {page} \\\n    --from {paths[0]} "
             "\\\n    --drop 'nanoasr --huge-pages m-q8_0.gguf' \\\n") in text and text.endswith("```\n")
     assert first.startswith("AMD EPYC (`znver4`), int8 activations, a 10 s clip, 2026-12-06\n")
-    assert "- Command: `python tools/bench.py --model m-q8_0.gguf " in first
+    assert "- Command: `python tools/bench/bench.py --model m-q8_0.gguf " in first
     assert "3 interleaved rounds" in first
     assert "the features `nanoasr doctor` reports: avx2 fma avx512vnni -amx-tile" in first
     assert "- llama.cpp: CPU : AVX512 = 1" in first and "llama.cpp" not in second.split("\n\n")[1]

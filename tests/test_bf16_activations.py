@@ -13,8 +13,8 @@ from nanoasr.backend import cpu as cpu_backend
 from nanoasr.cli import serve, transcribe
 from nanoasr.kernels import amx, bf16_gemm, target
 from nanoasr.tensor import StoredTensor
-from tools.parity import stage_outputs, teacher_forced_logits
-from tools.synth import speech_like
+from tools.lib.parity import stage_outputs, teacher_forced_logits
+from tools.lib.synth import speech_like
 
 torch = pytest.importorskip("torch")
 

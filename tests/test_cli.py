@@ -25,7 +25,7 @@ import soundfile
 from nanoasr import cli
 from nanoasr.audio.io import DecodedAudio
 from nanoasr.cli import transcribe
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 ROOT = Path(__file__).resolve().parents[1]
 SR = 16000

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from nanoasr.checkpoints.load import load_config
 from nanoasr.errors import ModelError
 from nanoasr.model import config as cm
-from nanoasr.model.load import load_config
 
 NESTED = {
     "audio_config": {"hidden_size": 512, "num_attention_heads": 4, "intermediate_size": 2048,

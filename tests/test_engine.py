@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nanoasr.api import Timer
 from nanoasr.model import decoder, generate
-from tools.parity import cases, check_case, full_sequence_logits, stage_outputs, teacher_forced_logits
+from tools.lib.parity import cases, check_case, full_sequence_logits, stage_outputs, teacher_forced_logits
 from tools.reference.dump import CASES, FORCED_TOKENS
 
 REFS = np.load(Path(__file__).parent / "fixtures" / "tiny" / "reference.npz")
@@ -100,18 +101,18 @@ def test_a_pool_of_rows_takes_prompts_as_rows_free_up(tiny_model):
     embeds = [embeds[i % len(embeds)][:30 + 9 * i] for i in range(5)]  # lengths 30, 39, ...: growing
     budgets = [24, 6, 15, 3, 9]
     w, cfg, stops = tiny_model.weights, tiny_model.config.text, tiny_model.tokenizer.stop_ids
-    read, done, timings = [], [], {}
+    read, done, timer = [], [], Timer()
 
     def lazily():
         for i, e in enumerate(embeds):
             read.append(i)
             yield e
 
-    pooled = generate.generate(lazily(), budgets, w, cfg, stops, ignore_stop=True, rows=2, timings=timings,
+    pooled = generate.generate(lazily(), budgets, w, cfg, stops, ignore_stop=True, rows=2, timer=timer,
                                on_done=lambda i, g: done.append((i, len(read))))
     assert sorted(i for i, _ in done) == list(range(5))
     assert all(i < n for i, n in done) and done[0][1] == 2  # the third prompt is read once a row is free
-    assert timings["prefill"] > 0 and timings["decode"] > 0
+    assert timer.ms["prefill"] > 0 and timer.ms["decode"] > 0
     for e, b, g in zip(embeds, budgets, pooled):
         alone = generate.generate([e], [b], w, cfg, stops, ignore_stop=True)[0]
         assert g.ids == alone.ids and len(g.ids) == b

@@ -5,8 +5,8 @@ a random checkpoint of the real model's sizes (about 1.6 GB in BF16) and is mark
 """
 import pytest
 
-from tools.parity import check_case
-from tools.synth import speech_like
+from tools.lib.parity import check_case
+from tools.lib.synth import speech_like
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torch")

@@ -16,7 +16,7 @@ import pytest
 
 from nanoasr.ops import rope_inv_freq
 from nanoasr.model import generate
-from tools.parity import FEATURE_TOL, STAGE_TOL, cases, stage_outputs
+from tools.lib.parity import FEATURE_TOL, STAGE_TOL, cases, stage_outputs
 from tools.reference import funasr_checkpoint
 from tools.reference.dump import CASES, FORCED_TOKENS, LANGUAGE
 

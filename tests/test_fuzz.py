@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from nanoasr import convert
 from nanoasr.api import Model
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.errors import NanoasrError
-from nanoasr.model.load import load_checkpoint
 
 AUDIO_EXAMPLES, CHECKPOINT_EXAMPLES = 60, 25
 SECONDS_PER_EXAMPLE = 60  # a hang, not a slow example, is what this bound catches

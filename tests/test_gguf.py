@@ -14,13 +14,13 @@ from gguf.quants import quantize as gguf_quantize
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from nanoasr import convert
+from nanoasr.checkpoints.checkpoint import Checkpoint
+from nanoasr.checkpoints.gguf_schema import load_gguf
+from nanoasr.checkpoints.spec import expected_tensors
 from nanoasr.errors import ModelError
 from nanoasr.formats.gguf_read import read_header
 from nanoasr.formats.gguf_vocab import tokenizer_from_vocab, vocab_arrays
-from nanoasr.model.checkpoint import Checkpoint
 from nanoasr.model.config import AdaptorConfig, AudioConfig, Config, TextConfig
-from nanoasr.model.gguf_schema import load_gguf
-from nanoasr.model.spec import expected_tensors
 from nanoasr.quant import quantize
 from nanoasr.tensor import StoredTensor
 
@@ -479,7 +479,7 @@ def test_convert_command_writes_the_file_report_table_and_summary(checkpoint, tm
 
 
 def fixture_checkpoint(tmp_path):
-    from nanoasr.model.load import load_checkpoint
+    from nanoasr.checkpoints.load import load_checkpoint
 
     for f in FIXTURE.iterdir():
         if f.name == "tokenizer.json.gz":

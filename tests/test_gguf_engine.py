@@ -10,12 +10,12 @@ from gguf.quants import dequantize
 
 from nanoasr import convert
 from nanoasr.api import Model
+from nanoasr.checkpoints.checkpoint import Checkpoint
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.model import generate
-from nanoasr.model.checkpoint import Checkpoint
-from nanoasr.model.load import load_checkpoint
 from nanoasr.storage import bf16_to_f32
 from nanoasr.tensor import dense
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 TARGETS = ("f32", "f16", "bf16", "q8_0", "q4_k_m")
 
@@ -33,7 +33,7 @@ def widened_by_gguf(checkpoint: Checkpoint) -> Checkpoint:
 
 
 def forced_ids(model: Model, wave, tokens: int) -> list[int]:
-    from tools.parity import stage_outputs
+    from tools.lib.parity import stage_outputs
 
     embeds = stage_outputs(model, wave, "funasr", {})["embeds"]
     return generate.generate([embeds], [tokens], model.weights, model.config.text, model.tokenizer.stop_ids,

@@ -21,7 +21,7 @@ from nanoasr.audio import io as audio_io
 from nanoasr.audio.io import SAMPLE_RATE, load_audio
 from nanoasr.audio.segment import MIN_POWER, frame_db, split
 from nanoasr.errors import AudioError, AudioTooLongError, OptionError
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 FFMPEG = shutil.which("ffmpeg")
 needs_ffmpeg = pytest.mark.skipif(FFMPEG is None, reason="ffmpeg is not on PATH")

@@ -14,13 +14,13 @@ from gguf import GGUFValueType
 from gguf.quants import dequantize as gguf_dequantize
 
 from nanoasr import convert
+from nanoasr.checkpoints.gguf_schema import load_gguf
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.errors import ModelError
 from nanoasr.formats.gguf_read import read_header
 from nanoasr.formats.gguf_vocab import vocab_arrays
-from nanoasr.model.gguf_schema import load_gguf
-from nanoasr.model.load import load_checkpoint
 from test_gguf import Q8Quantizer, random_checkpoint
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 NORM = "model.language_model.norm.weight"  # bf16 [16] in the tiny checkpoint
 MATRIX = "model.language_model.layers.1.self_attn.q_proj.weight"  # bf16 [32, 16], read at the first forward

@@ -8,10 +8,10 @@ import pytest
 from nanoasr import convert
 from nanoasr.api import Model
 from nanoasr.backend import CPU, pages, with_activations
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.errors import OptionError
-from nanoasr.model.load import load_checkpoint
 from nanoasr.tensor import StoredTensor
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 
 def mapped_file(tmp_path, nbytes=10_000, offset=100):

@@ -7,12 +7,12 @@ import pytest
 from nanoasr import convert
 from nanoasr.api import Model
 from nanoasr.backend import cpu as cpu_backend
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.cli import serve, transcribe
 from nanoasr.errors import OptionError
 from nanoasr.kernels import cpu
-from nanoasr.model.load import load_checkpoint
-from tools.parity import stage_outputs, teacher_forced_logits
-from tools.synth import speech_like
+from tools.lib.parity import stage_outputs, teacher_forced_logits
+from tools.lib.synth import speech_like
 
 
 @pytest.fixture(scope="module")

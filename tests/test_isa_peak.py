@@ -1,9 +1,9 @@
-"""tools/isa_peak.py's chains compute the steps they are named for: each step's result after a few steps,
-against numpy's model of the instructions (on the steps this CPU runs). No timing is judged here."""
+"""tools/bench/isa_peak.py's chains compute the steps they are named for: each step's result after a few
+steps, against numpy's model of the instructions (on the steps this CPU runs). No timing is judged here."""
 import numpy as np
 import pytest
 
-from tools import isa_peak
+from tools.bench import isa_peak
 
 
 def _fma(v):

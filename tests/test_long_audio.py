@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 SR = 16000
 FLOOR = 2e-3  # the synthetic noise floor has std 1e-4; speech bursts are far above this

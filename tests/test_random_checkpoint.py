@@ -4,9 +4,9 @@ import json
 
 import numpy as np
 
+from nanoasr.checkpoints.spec import expected_tensors
 from nanoasr.formats.safetensors import read
 from nanoasr.model.config import Config, from_dict
-from nanoasr.model.spec import expected_tensors
 from nanoasr.storage import bf16_to_f32
 from tools import random_checkpoint as rc
 

@@ -22,7 +22,7 @@ import soundfile
 from nanoasr.api import Model
 from nanoasr.errors import OptionError
 from nanoasr.ray import row_schema, to_transcript, transcribe_dataset
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 ROOT = Path(__file__).resolve().parents[1]
 SR = 16000

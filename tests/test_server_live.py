@@ -24,7 +24,7 @@ openai = pytest.importorskip("openai")
 
 from nanoasr.server import create_app  # noqa: E402
 from tests.serverutil import running, serving, stalled_upload, upload_files, wait_until  # noqa: E402
-from tools.synth import speech_like  # noqa: E402
+from tools.lib.synth import speech_like  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KEY = "sk-local-test"

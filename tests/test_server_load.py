@@ -24,7 +24,7 @@ httpx = pytest.importorskip("httpx")
 psutil = pytest.importorskip("psutil")
 
 from tests.serverutil import response_head, serving, stalled_upload, upload_files  # noqa: E402
-from tools.synth import speech_like  # noqa: E402
+from tools.lib.synth import speech_like  # noqa: E402
 
 LIMIT_MB = 1
 MAX_DURATION_S = 60

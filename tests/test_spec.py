@@ -1,8 +1,8 @@
 """model_specs/fun_asr_nano.json: its hyperparameters section states the typed config's defaults."""
 import dataclasses
 
+from nanoasr.checkpoints.spec import spec
 from nanoasr.model.config import Config
-from nanoasr.model.spec import spec
 
 
 def test_spec_hyperparameters_are_the_config_defaults():

@@ -1,13 +1,32 @@
-"""Imports point down only: no import cycle in nanoasr/ (module-level and function-level imports alike), the
-lower layers (formats, quant, kernels, tensor, storage) never import the model or the edges above it, and
-nothing imports the command line. Every function in nanoasr/ fits on a screen."""
+"""Imports point down only: no import cycle in nanoasr/ (module-level and function-level imports alike, and
+`importlib.import_module` of a literal name), every import goes down the layer order of DESIGN §9, and nothing
+imports the command line. Every function in nanoasr/ fits on a screen."""
 import ast
-import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nanoasr"
-LOWER = ("formats", "quant", "kernels", "tensor", "storage")
-UPPER = re.compile(r"(model|api|cli|server|hub|convert)$")
+# The layers from the top: each imports only the lines below it. A layer is a top-level module or package of
+# nanoasr ("__init__" is the package itself; "__main__", which runs the command line, tops it); within one,
+# the package's own modules import each other freely, the cycle test keeping them acyclic.
+ORDER = [
+    {"__main__"},
+    {"cli"},
+    {"server", "ray", "__init__"},
+    {"api", "realtime"},
+    {"timestamps", "convert", "hub"},
+    {"checkpoints"},
+    {"model", "audio"},
+    {"ops"},
+    {"backend"},
+    {"kernels", "formats"},
+    {"tensor", "transcript"},
+    {"quant", "writers"},
+    {"storage", "xp", "errors"},
+]
+RANK = {layer: rank for rank, layers in enumerate(ORDER) for layer in layers}
+# Imports known to climb the order until the backend's array-module twins leave ops (work in progress on
+# another branch); this list is removed when that lands.
+CLIMBING_UNTIL_BACKEND_OWNS_ITS_TWINS = {("backend", "ops")}
 MAX_FUNCTION_LINES = 60
 
 
@@ -40,17 +59,34 @@ def nearest_module(name: str, known) -> str | None:
     return name or None
 
 
+def literal_import_module(node) -> str | None:
+    """The name in `importlib.import_module("a.b")` (or a bare `import_module("a.b")`), or None."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func, name = node.func, node.args[0]
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if called == "import_module" and isinstance(name, ast.Constant) and isinstance(name.value, str):
+        return name.value
+    return None
+
+
+def imported_names(node, module: str, is_package: bool, known) -> list[str]:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return targets(node, module, is_package, known)
+    literal = literal_import_module(node)
+    return [literal] if literal else []
+
+
 def import_graph(package: Path) -> dict[str, set[str]]:
     """module -> the package's modules it imports anywhere in its body (inside functions too)."""
     known = modules(package)
     graph = {m: set() for m in known}
     for module, path in known.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                for name in targets(node, module, path.name == "__init__.py", known):
-                    found = nearest_module(name, known)
-                    if found and found != module:
-                        graph[module].add(found)
+            for name in imported_names(node, module, path.name == "__init__.py", known):
+                found = nearest_module(name, known)
+                if found and found != module:
+                    graph[module].add(found)
     return graph
 
 
@@ -80,12 +116,20 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def layer(module: str) -> str:
-    return module.split(".")[1] if "." in module else ""
+    return module.split(".")[1] if "." in module else "__init__"
 
 
-def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+def climbs(a: str, b: str, allowed=frozenset()) -> bool:
+    """Whether `a` importing `b` leaves its layer for one not below it (a layer missing from ORDER climbs)."""
+    la, lb = layer(a), layer(b)
+    if la == lb or (la, lb) in allowed:
+        return False
+    return la not in RANK or lb not in RANK or RANK[lb] <= RANK[la]
+
+
+def upward_imports(graph: dict[str, set[str]], allowed=frozenset()) -> list[str]:
     return [f"{a} -> {b}" for a, imported in sorted(graph.items()) for b in sorted(imported)
-            if layer(a) in LOWER and UPPER.match(layer(b))]
+            if climbs(a, b, allowed)]
 
 
 def long_functions(package: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
@@ -106,8 +150,12 @@ def test_no_import_cycles():
     assert cycle is None, " -> ".join(cycle)
 
 
-def test_lower_layers_never_import_the_model_or_the_edges():
-    assert upward_imports(import_graph(PACKAGE)) == []
+def test_every_import_goes_down_the_layer_order():
+    assert upward_imports(import_graph(PACKAGE), CLIMBING_UNTIL_BACKEND_OWNS_ITS_TWINS) == []
+
+
+def test_every_layer_of_the_package_is_in_the_order():
+    assert {layer(m) for m in modules(PACKAGE)} - set(RANK) == set()
 
 
 def test_the_command_line_is_the_outermost_edge():
@@ -164,3 +212,11 @@ def test_long_methods_and_nested_functions_are_found(tmp_path):
     assert long_functions(package) == ["pkg/deep/long.py:2 method (61 lines)",
                                        "pkg/deep/long.py:63 outer (62 lines)",
                                        "pkg/deep/long.py:64 inner (61 lines)"]
+
+
+def test_a_literal_import_module_is_an_edge(tmp_path):
+    package = write_package(tmp_path, {
+        "__init__.py": "", "api.py": "",
+        "ops.py": "import importlib\n\ndef table(name):\n    importlib.import_module(name)\n"
+                  "    return importlib.import_module('pkg.api')\n"})
+    assert upward_imports(import_graph(package)) == ["pkg.ops -> pkg.api"]

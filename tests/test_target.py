@@ -14,8 +14,8 @@ from numba.core import config
 
 from nanoasr import convert
 from nanoasr.backend import cpu as cpu_backend
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.kernels import amx, bf16_gemm, int8_dot, target, vector_ir
-from nanoasr.model.load import load_checkpoint
 from tests.conftest import ROOT
 
 AVX2_TARGET = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma,+f16c,+bmi2"}

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 import soundfile
 
-import nanoasr
-from nanoasr import cli, writers
+from nanoasr import cli, timestamps, writers
+from nanoasr.checkpoints import ctc as ctc_checkpoint
+from nanoasr.checkpoints.ctc_vocab import PATTERN, CtcVocabulary
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.errors import OptionError
-from nanoasr.model import alignment, ctc
-from nanoasr.model.ctc_vocab import PATTERN, CtcVocabulary
-from nanoasr.model.load import load_checkpoint
+from nanoasr.model import ctc
 from nanoasr.transcript import Segment, Transcript, Word
+import nanoasr
+from tools.lib.synth import speech_like
 from tools.reference import ctc_branch, funasr_checkpoint
-from tools.synth import speech_like
 
 SR = 16000
 
@@ -54,7 +55,7 @@ TEXTS = ["hello world, the test!", "你好世界，我们的", "こんにちは 
 
 def test_vocabulary_encodes_as_tiktoken_does(ctc_dir):
     tiktoken = pytest.importorskip("tiktoken")
-    vocab = CtcVocabulary.read(ctc_dir / ctc.VOCAB_FILE)
+    vocab = CtcVocabulary.read(ctc_dir / ctc_checkpoint.VOCAB_FILE)
     reference = tiktoken.Encoding(name="ctc", pat_str=PATTERN, mergeable_ranks=vocab.ranks, special_tokens={})
     for text in TEXTS:
         ids = vocab.encode(text)
@@ -113,12 +114,12 @@ def test_viterbi_path_is_the_best_alignment(seed):
     logp = np.log(rng.dirichlet(np.ones(4), frames)).astype(np.float32)  # [T, 4], blank is id 3
     target_logp, blank_logp = logp[:, targets], logp[:, 3]
     want = brute_force(target_logp, blank_logp, targets)
-    got = alignment.viterbi(target_logp, blank_logp, targets)
+    got = timestamps.viterbi(target_logp, blank_logp, targets)
     if want is None:
-        assert got is None and alignment.token_spans(target_logp, blank_logp, targets) is None
+        assert got is None and timestamps.token_spans(target_logp, blank_logp, targets) is None
         return
     assert got.tolist() == list(want)
-    spans = alignment.token_spans(target_logp, blank_logp, targets)
+    spans = timestamps.token_spans(target_logp, blank_logp, targets)
     for j, span in enumerate(spans):  # FunASR's items: the frames of each token, its best frame's probability
         frames_j = [t for t, s in enumerate(want) if s == 2 * j + 1]
         assert (span.start, span.end) == (frames_j[0], frames_j[-1] + 1)
@@ -133,28 +134,28 @@ def test_a_long_transcript_aligns_where_its_tokens_peak():
     target_logp[3 * np.arange(n) + 1, np.arange(n)] = -0.01
     blank_logp = np.full(3 * n, -0.01, np.float32)
     blank_logp[3 * np.arange(n) + 1] = -9.0
-    spans = alignment.token_spans(target_logp, blank_logp, targets)
+    spans = timestamps.token_spans(target_logp, blank_logp, targets)
     assert [(s.start, s.end) for s in spans] == [(3 * j + 1, 3 * j + 2) for j in range(n)]
 
 
 def test_tokens_that_cannot_fit_have_no_alignment():
     logp = np.log(np.full((3, 2), 0.5, np.float32))
-    assert alignment.token_spans(logp[:, [0, 0]], logp[:, 1], [0, 0]) is not None  # a, blank, a
-    assert alignment.token_spans(logp[:, [0, 0, 0]], logp[:, 1], [0, 0, 0]) is None  # needs 5 frames
+    assert timestamps.token_spans(logp[:, [0, 0]], logp[:, 1], [0, 0]) is not None  # a, blank, a
+    assert timestamps.token_spans(logp[:, [0, 0, 0]], logp[:, 1], [0, 0, 0]) is None  # needs 5 frames
 
 
 # --- words -----------------------------------------------------------------------------------------------
 
 def spans_of(n):
-    return [alignment.TokenSpan(2 * i, 2 * i + 1, 0.5 + i / 100) for i in range(n)]
+    return [timestamps.TokenSpan(2 * i, 2 * i + 1, 0.5 + i / 100) for i in range(n)]
 
 
 def test_words_are_characters_in_chinese_and_words_elsewhere(ctc_dir):
-    vocab = CtcVocabulary.read(ctc_dir / ctc.VOCAB_FILE)
+    vocab = CtcVocabulary.read(ctc_dir / ctc_checkpoint.VOCAB_FILE)
     text = "你好，世界 the world"
     ids = vocab.encode(text)  # "你好" is one token: its two characters share its frames
     pieces = [vocab.token_bytes(i) for i in ids]
-    got = alignment.words(text, pieces, spans_of(len(ids)))
+    got = timestamps.words(text, pieces, spans_of(len(ids)))
     assert [w for w, *_ in got] == ["你好，", "世界", "the", "world"]
     starts, ends = [a for _, a, _, _ in got], [b for _, _, b, _ in got]
     assert starts == sorted(starts) and all(b <= a for b, a in zip(ends, starts[1:]))
@@ -162,10 +163,10 @@ def test_words_are_characters_in_chinese_and_words_elsewhere(ctc_dir):
 
 
 def test_agreement_is_one_minus_the_edit_distance_rate():
-    assert alignment.agreement("Hello, world!", "hello world") == 1.0
-    assert alignment.agreement("kitten", "sitting") == pytest.approx(1 - 3 / 7)
-    assert alignment.agreement("你好世界", "你好") == 0.5
-    assert alignment.agreement("", "") == 1.0 and alignment.agreement("abc", "") == 0.0
+    assert timestamps.agreement("Hello, world!", "hello world") == 1.0
+    assert timestamps.agreement("kitten", "sitting") == pytest.approx(1 - 3 / 7)
+    assert timestamps.agreement("你好世界", "你好") == 0.5
+    assert timestamps.agreement("", "") == 1.0 and timestamps.agreement("abc", "") == 0.0
 
 
 # --- through the library ---------------------------------------------------------------------------------
@@ -234,7 +235,7 @@ def test_a_missing_vocabulary_file_is_named(ctc_dir, tmp_path):
 def test_a_malformed_vocabulary_file_is_named(ctc_dir, tmp_path):
     for name in ("model.pt", "config.yaml", "Qwen3-0.6B"):
         (tmp_path / name).symlink_to(ctc_dir / name)
-    (tmp_path / ctc.VOCAB_FILE).write_text("aGVsbG8= 0\nnot base64!\n")
+    (tmp_path / ctc_checkpoint.VOCAB_FILE).write_text("aGVsbG8= 0\nnot base64!\n")
     checkpoint = load_checkpoint(tmp_path)
     assert checkpoint.ctc is None and "line 2: expected 'base64-token rank'" in checkpoint.ctc_absent
 

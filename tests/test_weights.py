@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from nanoasr.checkpoints.checkpoint import validate
+from nanoasr.checkpoints.layouts import to_logical
+from nanoasr.checkpoints.spec import expected_tensors
 from nanoasr.errors import ModelError
 from nanoasr.formats import safetensors as st
 from nanoasr.model import config as cm
-from nanoasr.model.checkpoint import validate
-from nanoasr.model.layouts import to_logical
-from nanoasr.model.spec import expected_tensors
 from nanoasr.storage import bf16_to_f32
 from nanoasr.tensor import StoredTensor, dense
 
@@ -192,7 +192,7 @@ def broken_copy(tiny_dir, tmp_path):
 
 
 def test_a_broken_checkpoint_directory_gives_one_clear_error_each(tiny_dir, tmp_path):
-    from nanoasr.model.load import load_checkpoint
+    from nanoasr.checkpoints.load import load_checkpoint
 
     d = broken_copy(tiny_dir, tmp_path)
     (d / "tokenizer.json").unlink()

@@ -88,7 +88,7 @@ full_status=${PIPESTATUS[0]}
 set -e
 
 stage "benchmark (10 s clip for every type; 10 minutes of audio on Q8_0)"
-python tools/bench.py --device cuda --threads "$(nproc)" --seconds 10 --tokens 40 \
+python tools/bench/bench.py --device cuda --threads "$(nproc)" --seconds 10 --tokens 40 \
     --model "$FULL" --model "$FULL/model-f32.gguf" --model "$FULL/model-q8_0.gguf" \
     --model "$FULL/model-q4_k_m.gguf" --long-seconds 600 --long-model "$FULL/model-q8_0.gguf" \
     --no-long-sequential --json "$WORK/bench.json" --report "$WORK/bench.md" >/dev/null

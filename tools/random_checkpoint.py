@@ -1,12 +1,13 @@
-"""A random-weight Fun-ASR-Nano checkpoint at the real model's sizes, with numpy alone (no torch, no network).
+"""Random-weight Fun-ASR-Nano checkpoints, with numpy alone (no torch, no network): the one builder of them.
 
     python tools/random_checkpoint.py OUT_DIR [--seed N]
 
 Writes OUT_DIR/config.json (the tiny fixture's config with Config()'s sizes, which are Fun-ASR-Nano-2512's),
 tokenizer.json (the fixture's: the full Qwen3 vocabulary) and model.safetensors in BF16, as the official file.
-The weights are drawn at the scales tools/reference/checkpoint.py uses (matrices N(0, 1/fan_in), norm
-gains 1 + N(0, 0.1), biases N(0, 0.1), embeddings 0.1 N(0, 1)), so greedy ids are a sharp comparison;
-tools/reference builds the same layout through Transformers where torch is installed. `nanoasr convert`
+The weights are redrawn at unit scale (matrices N(0, 1/fan_in), norm gains 1 + N(0, 0.1), biases N(0, 0.1),
+embeddings 0.1 N(0, 1)), so the logits have a clear argmax and greedy ids are a sharp comparison (an
+initialiser's 0.02 scale would make every logit nearly equal). tools/reference/checkpoint.py writes the
+tiny and full sizes with a config stated by Transformers through `write_safetensors`. `nanoasr convert`
 makes GGUFs of it.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from nanoasr.model.config import Config  # noqa: E402
-from nanoasr.model.spec import expected_tensors  # noqa: E402
+from nanoasr.checkpoints.spec import expected_tensors  # noqa: E402
 
 TINY = ROOT / "tests" / "fixtures" / "tiny"
 SIZE_KEYS = {"audio_config": ("audio", ("hidden_size", "num_attention_heads", "intermediate_size",
@@ -50,6 +51,8 @@ def full_config() -> dict:
 
 def random_weight(rng, name: str, shape: tuple[int, ...]) -> np.ndarray:  # float32 of `shape`
     noise = rng.standard_normal(shape, dtype=np.float32)
+    # Token embeddings well below the layers' unit-scale outputs: with a dominant residual the tied head
+    # maps each token back to itself and greedy output repeats one token, which would make a weak test.
     if "embed_tokens" in name:
         return noise * np.float32(0.1)
     if len(shape) == 1:
@@ -72,6 +75,7 @@ def write_safetensors(path: Path, config: Config, seed: int) -> None:
         size = 2 * math.prod(shape)
         header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
+    header["__metadata__"] = {"format": "pt"}  # what Transformers' loader asks of a safetensors file
     head = json.dumps(header).encode()
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(head)) + head)

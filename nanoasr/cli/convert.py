@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
 def run(args) -> None:
     """Read the source, write the GGUF (and the qwen3 export), print the table and the summary."""
     from nanoasr import convert
-    from nanoasr.model.load import load_checkpoint
+    from nanoasr.checkpoints.load import load_checkpoint
 
     path, repo, revision = resolve(args.source, args.revision)
     print(f"reading {path}", file=sys.stderr)

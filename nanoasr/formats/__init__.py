@@ -1,5 +1,5 @@
 """File formats: safetensors, torch.save zips and GGUF (reader, writer, vocabulary).
 
-numpy, the gguf package and tokenizers over nanoasr.tensor; never nanoasr.model: what the tensors and keys
-mean is the model layer's business.
+numpy, the gguf package and tokenizers over nanoasr.tensor; never nanoasr.model or nanoasr.checkpoints:
+what the tensors and keys mean is the checkpoints layer's business.
 """

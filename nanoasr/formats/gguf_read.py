@@ -1,6 +1,7 @@
 """GGUF reading: a bounded, memory-mapped header reader, and the tensors as StoredTensor views of the file.
 
-Returns the raw metadata and tensors; what they mean for the model is nanoasr.model.gguf_schema's business.
+Returns the raw metadata and tensors; what they mean for the model is nanoasr.checkpoints.gguf_schema's
+business.
 """
 from __future__ import annotations
 

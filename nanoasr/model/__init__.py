@@ -1,1 +1,2 @@
-"""Fun-ASR-Nano: config, weights, the three networks, prompt, tokenizer and greedy generation."""
+"""Fun-ASR-Nano's networks and decoding, (x, weights, cfg) -> y with no file access: config, encoder, adaptor,
+the CTC head, decoder, prompt, tokenizer and greedy generation."""

@@ -69,20 +69,22 @@ class AdaptorConfig:
 
 @dataclass(frozen=True)
 class TextConfig:
-    """Qwen3 decoder."""
+    """Qwen3 decoder (Qwen3-0.6B). Shapes: V vocab_size, H hidden_size, F intermediate_size, Hq
+    num_attention_heads, Hkv num_key_value_heads, D head_dim; the embeddings are [V, H], q_proj [Hq * D, H],
+    k_proj and v_proj [Hkv * D, H], o_proj [H, Hq * D], gate_proj and up_proj [F, H], down_proj [H, F]."""
 
-    vocab_size: int = 151936
-    hidden_size: int = 1024
-    intermediate_size: int = 3072
+    vocab_size: int = 151936  # V: token ids, the rows of the embeddings and of the LM head
+    hidden_size: int = 1024  # H: the residual stream's width
+    intermediate_size: int = 3072  # F: the SwiGLU feed-forward's width
     num_hidden_layers: int = 28
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 8
-    head_dim: int = 128
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1e6
-    max_position_embeddings: int = 40960
-    hidden_act: str = "silu"
-    tie_word_embeddings: bool = True
+    num_attention_heads: int = 16  # Hq: query heads
+    num_key_value_heads: int = 8  # Hkv: key/value heads, each shared by Hq / Hkv query heads (GQA)
+    head_dim: int = 128  # D: per head, not H / Hq (Qwen3 states it: 16 * 128 = 2048 > 1024)
+    rms_norm_eps: float = 1e-6  # the RMSNorms' epsilon, q_norm and k_norm (per head) included
+    rope_theta: float = 1e6  # RoPE base; a checkpoint must state it (module docstring)
+    max_position_embeddings: int = 40960  # as configured; prompts and token budgets stay far below it
+    hidden_act: str = "silu"  # SwiGLU's gate activation (TEXT_ACTIVATIONS)
+    tie_word_embeddings: bool = True  # the LM head is the embeddings (checked: Fun-ASR-Nano ties them)
 
 
 @dataclass(frozen=True)

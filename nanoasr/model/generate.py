@@ -6,8 +6,7 @@ active rows stay a contiguous prefix of the cache, and free rows take the next p
 from __future__ import annotations
 
 import math
-import time
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,21 +128,18 @@ class _Row:  # the prompt one cache row decodes
     logprobs: list[float]
 
 
-@contextmanager
-def _timed(clock: dict, stage: str):  # adds the block's milliseconds to clock[stage]
-    start = time.perf_counter()
-    yield
-    clock[stage] = clock.get(stage, 0.0) + (time.perf_counter() - start) * 1e3
+def _untimed(stage: str):  # the stage context when no timer is given
+    return nullcontext()
 
 
-def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, rows=None, timings=None,
+def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, rows=None, timer=None,
              on_done=None, bf16_rope=False):
     """embeds: prompt embeddings [L_b, H]; budgets: new tokens allowed each -> list[Generation], in order.
 
     At most `rows` prompts decode together (all of them when None); a row that finishes takes the next
     prompt at once, so a long generation never holds up the prompts behind it. `embeds` may be a lazy
-    iterable when `rows` is given: it is read only as rows free up. `timings`, when a dict, accumulates
-    "prefill" and "decode" milliseconds; `on_done(index, generation)` is called as each prompt finishes.
+    iterable when `rows` is given: it is read only as rows free up. `timer`, when given (nanoasr.api.Timer),
+    times the "prefill" and "decode" stages; `on_done(index, generation)` is called as each prompt finishes.
     `ignore_stop` decodes exactly `budget` tokens, never choosing a stop token (reference comparisons,
     benchmarks). `bf16_rope`: the funasr profile's rotary frequencies (decoder.Session).
     """
@@ -152,23 +148,23 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
     prompts = enumerate(zip(embeds, budgets))
     live: list[_Row] = []  # live[r] is decoded in cache row r
     results: dict[int, Generation] = {}
-    clock = timings if timings is not None else {}
+    stage = timer.stage if timer is not None else _untimed
     exhausted = False
     while True:
-        exhausted = exhausted or _admit(session, prompts, live, suppress, clock)
+        exhausted = exhausted or _admit(session, prompts, live, suppress, stage)
         retired = _retire(session, live, results, stop_ids, ignore_stop, on_done)
         if retired and not exhausted:  # freed rows take the next prompts first
             continue
         if not live:
             return [results[item] for item in range(len(results))]
-        with _timed(clock, "decode"):
+        with stage("decode"):
             ids, lps = _greedy(session.step([row.ids[-1] for row in live]), suppress)
             for row, token, lp in zip(live, ids, lps):
                 row.ids.append(token)
                 row.logprobs.append(lp)
 
 
-def _admit(session: decoder.Session, prompts, live: list[_Row], suppress, clock: dict) -> bool:
+def _admit(session: decoder.Session, prompts, live: list[_Row], suppress, stage) -> bool:
     """Prefill the next prompts into the free rows, those that fit together in one forward; True once no
     prompt is left."""
     waiting, exhausted = [], False
@@ -179,7 +175,7 @@ def _admit(session: decoder.Session, prompts, live: list[_Row], suppress, clock:
             break
         waiting.append(prompt)
     for group in _prefill_groups(waiting):
-        with _timed(clock, "prefill"):
+        with stage("prefill"):
             ids, lps = _first_choices(session, group, suppress)
         live.extend(_Row(item, budget, [i], [lp]) for (item, (_, budget)), i, lp in zip(group, ids, lps))
     return exhausted

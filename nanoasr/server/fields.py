@@ -20,8 +20,6 @@ class RequestOptions:
 
 def request_options(fields: dict) -> RequestOptions:
     """What the form's text fields ask for; raises ApiError(400) naming the field."""
-    from nanoasr.model.prompt import language_code
-
     if last(fields, "model") is None:
         raise ApiError(400, "the 'model' field is required (any name; this server has one model)",
                        param="model")
@@ -32,7 +30,7 @@ def request_options(fields: dict) -> RequestOptions:
                               context=last(fields, "prompt", "").strip() or None,
                               hotwords=hotword_list(fields), itn=flag(fields, "itn", True))
     # Options has checked the language, so this only turns a name into its code
-    transcribe = dict(options.prompt_options(), language=language_code(options.language))
+    transcribe = dict(options.prompt_options(), language=options.language_code)
     if "word" in granularities:
         transcribe["word_timestamps"] = True
     return RequestOptions(response_format, flag(fields, "stream", False), transcribe, granularities)

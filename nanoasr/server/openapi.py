@@ -1,7 +1,7 @@
 """The transcription route's request and responses in the OpenAPI schema: FastAPI cannot infer them, as the
 route reads its multipart body itself."""
 
-from nanoasr.model.prompt import MAX_CONTEXT_CHARS
+from nanoasr.api import MAX_CONTEXT_CHARS
 from nanoasr.server.fields import RESPONSE_FORMATS
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {

@@ -5,7 +5,6 @@ import asyncio
 import gzip
 import json
 
-from nanoasr.model.prompt import LANGUAGES
 from nanoasr.server.errors import ApiError, internal_error
 
 MEDIA_TYPES = {"text": "text/plain; charset=utf-8", "srt": "application/x-subrip; charset=utf-8",
@@ -27,13 +26,15 @@ def transcript_response(transcript, response_format: str, granularities=()):
 
 def verbose_json(transcript, granularities=()) -> dict:
     """OpenAI's TranscriptionVerbose: `segments` unless only 'word' was asked for; `words` with 'word'."""
+    from nanoasr.api import language_name
+
     segments = [
         {"id": i, "seek": int(round(s.start * 100)), "start": s.start, "end": s.end, "text": s.text,
          "tokens": list(s.token_ids), "temperature": 0.0, "avg_logprob": s.avg_logprob,
          "compression_ratio": compression_ratio(s.text), "no_speech_prob": 0.0}
         for i, s in enumerate(x for x in transcript.segments if x.text)
     ]
-    language = LANGUAGES[transcript.language][1] if transcript.language else "auto"
+    language = language_name(transcript.language) if transcript.language else "auto"
     out = {"task": "transcribe", "language": language, "duration": transcript.duration_s,
            "text": transcript.text}
     if granularities != ("word",):

@@ -21,12 +21,12 @@ from stored_weights import stored
 
 from nanoasr import backend, convert
 from nanoasr.api import Model
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.kernels import cuda as gk
 from nanoasr.model import generate
-from nanoasr.model.load import load_checkpoint
 from nanoasr.quant.reference import dequantize
 from nanoasr.tensor import StoredTensor
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 
 class NumpyKernel:

@@ -11,10 +11,10 @@ import pytest
 from nanoasr import backend, convert
 from nanoasr.api import Model
 from nanoasr.backend import to_numpy
+from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.model import decoder, generate
-from nanoasr.model.load import load_checkpoint
-from tools.parity import LOGIT_TOL, STAGE_TOL, stage_outputs
-from tools.synth import speech_like
+from tools.lib.parity import LOGIT_TOL, STAGE_TOL, stage_outputs
+from tools.lib.synth import speech_like
 
 usable, why = backend.cuda_status()
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not usable, reason=why)]

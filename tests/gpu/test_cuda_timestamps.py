@@ -6,8 +6,8 @@ from test_cuda_backend import double  # noqa: F401  (the fixture)
 
 from nanoasr.api import Model
 from nanoasr.audio.fbank import n_lfr_frames
+from tools.lib.synth import speech_like
 from tools.reference import ctc_branch, funasr_checkpoint
-from tools.synth import speech_like
 
 
 @pytest.fixture(scope="module")

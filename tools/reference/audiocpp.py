@@ -16,6 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
+from tools.lib.gguf_file import finish
+
 SKIPPED_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth")
 
 
@@ -71,10 +73,7 @@ def write(checkpoint_dir, out, kind: str = "q8_0", spec: dict | None = None) -> 
     w.add_array("audiocpp.tensor_names", names)
     w.add_key_value("audiocpp.tensor_ranks", ranks, array, sub_type=kinds.INT32)
     w.add_key_value("audiocpp.tensor_shapes", shapes, array, sub_type=kinds.INT64)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return out
 
 

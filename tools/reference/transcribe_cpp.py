@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from tools.lib.gguf_file import finish
 from tools.reference.funasr_checkpoint import funasr_state_dict
 
 ENCODER = ["self_attn.linear_q_k_v.weight", "self_attn.linear_q_k_v.bias", "self_attn.linear_out.weight",
@@ -216,10 +217,7 @@ def write(checkpoint_dir, out, variant: str = "fun-asr-nano-2512") -> Path:
         else:
             bf16 = gguf.GGMLQuantizationType.BF16
             w.add_tensor(ours, gguf.quants.quantize(arr, bf16), raw_dtype=bf16)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return out
 
 

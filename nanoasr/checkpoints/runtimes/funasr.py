@@ -7,14 +7,14 @@ import dataclasses
 import warnings
 from pathlib import Path
 
+from nanoasr.checkpoints import ctc
+from nanoasr.checkpoints.checkpoint import TEXT_FILES, Checkpoint, read_json, read_text, validate
+from nanoasr.checkpoints.layouts import to_logical
+from nanoasr.checkpoints.shapes import config_from_shapes, layer_count
 from nanoasr.errors import ModelError
 from nanoasr.formats import torch_zip
 from nanoasr.model import config as config_mod
-from nanoasr.model import ctc
-from nanoasr.model.checkpoint import TEXT_FILES, Checkpoint, read_json, read_text, validate
 from nanoasr.model.config import Config
-from nanoasr.model.layouts import to_logical
-from nanoasr.model.shapes import config_from_shapes, layer_count
 from nanoasr.tensor import StoredTensor
 
 QWEN_FOLDER = "Qwen3-0.6B"  # config.yaml's llm_conf.init_param_path: the decoder's config and tokenizer

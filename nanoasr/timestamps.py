@@ -1,5 +1,6 @@
-"""Forced alignment of a transcript against CTC log-probabilities (host numpy), the words it times, and how
-far the CTC branch's greedy text agrees with the decoder's.
+"""Word timing: a segment's words timed by FunASR's CTC branch (`with_words`), from the forced alignment of
+its transcript against the CTC log-probabilities (host numpy), and how far the branch's greedy text agrees
+with the decoder's.
 
 The alignment is the Viterbi path FunASR takes from torchaudio's forced_align: states blank, t1, blank, t2,
 ..., blank; each frame stays, moves one state, or skips a blank between two different tokens; ties keep the
@@ -7,12 +8,38 @@ state, and the path ends on the last token unless the trailing blank scores high
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 
+from nanoasr.checkpoints.ctc import CtcBranch
+from nanoasr.model import ctc
+from nanoasr.transcript import Segment, Word
+
 NEG_INF = np.float32(-np.inf)
+log = logging.getLogger(__name__)
+
+
+def with_words(segment: Segment, enc, mask, branch: CtcBranch, weights) -> Segment:
+    """The segment with its words, the CTC branch's greedy text and their agreement (FunASR's
+    inference_llm: the decoder's text aligned against the CTC posteriors of the segment's frames).
+    `enc` [1, T, 512] and `mask` [1, T] are the segment's encoder output; `weights` the branch's, placed."""
+    cfg, vocab = branch.config, branch.vocabulary
+    logp = ctc.log_probs(enc, mask, weights, cfg)  # [T, vocab]
+    ctc_text = vocab.decode(ctc.greedy_ids(logp, cfg.blank_id))
+    targets = vocab.encode(segment.text)
+    spans = token_spans(*ctc.target_columns(logp, targets, cfg.blank_id), targets)
+    if spans is None:  # no alignment exists: no word times rather than made-up ones
+        log.warning("segment at %.2f s: its %d CTC tokens do not fit in its %d frames; it has no word "
+                    "times", segment.start, len(targets), logp.shape[0])
+    pieces = words(segment.text, [vocab.token_bytes(t) for t in targets], spans or [])
+    seconds = lambda frame: round(segment.start + frame * ctc.FRAME_S, 3)  # noqa: E731
+    timed = tuple(Word(w, seconds(a), seconds(b), p) for w, a, b, p in pieces)
+    return dataclasses.replace(segment, words=timed, ctc_text=ctc_text,
+                               ctc_agreement=round(agreement(segment.text, ctc_text), 4))
 
 
 @dataclass(frozen=True)

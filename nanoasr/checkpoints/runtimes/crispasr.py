@@ -14,10 +14,10 @@ import warnings
 
 from gguf import TokenType
 
+from nanoasr.checkpoints.layouts import qwen3_names, split_fused_qkv
+from nanoasr.checkpoints.shapes import config_from_shapes, layer_count, with_metadata
 from nanoasr.errors import ModelError
 from nanoasr.model.config import Config
-from nanoasr.model.layouts import qwen3_names, split_fused_qkv
-from nanoasr.model.shapes import config_from_shapes, layer_count, with_metadata
 from nanoasr.storage import DENSE_TYPES
 from nanoasr.tensor import StoredTensor
 

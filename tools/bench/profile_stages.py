@@ -1,7 +1,7 @@
 """Where the time goes: cProfile of encoder + adaptor on 30 s, a 196-position prefill, and decode steps.
 
-    python tools/profile_stages.py MODEL [--threads 2] [--steps 20] [--top 12] [--activations exact|bf16|int8]
-                                         [--huge-pages]
+    python tools/bench/profile_stages.py MODEL [--threads 2] [--steps 20] [--top 12]
+                                               [--activations exact|bf16|int8] [--huge-pages]
 
 MODEL is a checkpoint directory or .gguf. First the milliseconds per stage that Model.transcribe reports in
 Transcript.timings, for 30 s of speech-like audio. Then each stage runs once to compile and warm up, then once
@@ -10,16 +10,16 @@ Python function that makes them). A decode step's time is split from its profile
 compiled call each (nanoasr.kernels.decode_layer: their products and attention inside), the weight products
 made op by op (nanoasr.ops.linear: the LM head, and the layers where no compiled call applies), attention
 made op by op (nanoasr.ops.decode_attention) and the rest. Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
-unset, as tools/bench.py does.
+unset, as tools/bench/bench.py does.
 """
 from __future__ import annotations
 
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from tools.measure import median_ms, rerun_without_blas_vars  # noqa: E402
+from tools.lib.measure import median_ms, rerun_without_blas_vars  # noqa: E402
 
 rerun_without_blas_vars()
 
@@ -35,7 +35,7 @@ import nanoasr.ops  # noqa: E402
 from nanoasr.api import Model  # noqa: E402
 from nanoasr.backend import ACTIVATIONS  # noqa: E402
 from nanoasr.model import decoder  # noqa: E402
-from tools.synth import speech_like  # noqa: E402
+from tools.lib.synth import speech_like  # noqa: E402
 
 
 def profiled(name: str, fn, top: int) -> pstats.Stats:

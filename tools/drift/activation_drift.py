@@ -1,13 +1,13 @@
 """Drift and speed of int8 or bf16 activations against exact (float32) ones.
 
-    python tools/activation_drift.py MODEL [MODEL ...] [--activations int8|bf16] [--tiny] [--rounds 5]
+    python tools/drift/activation_drift.py MODEL [MODEL ...] [--activations int8|bf16] [--tiny] [--rounds 5]
                                      [--report PATH]
 
 int8: Q8_0, Q4_K and Q6_K matrices take int8 rows while decoding, and in the encoder, adaptor and prefill
 where the CPU has AVX512-VNNI (MODEL: block-quantized GGUFs). bf16: BF16 matrices and attention take bf16 rows
 (MODEL: BF16 checkpoints).
 For each model (--tiny adds the committed tiny checkpoint, converted to Q8_0 for int8): on speech-like clips
-(tools/synth.py), the exact path's greedy ids are decoded; both paths are then forced along them (teacher
+(tools/lib/synth.py), the exact path's greedy ids are decoded; both paths are then forced along them (teacher
 forcing, so one early difference does not cascade) and compared step by step: top-1 agreement and the mean
 KL(exact || other) per token; each path's own greedy ids are compared as well. Speed, on each model given
 (not the tiny one), in interleaved rounds (exact, other, exact, other, ...), medians with min and max:
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-CLIPS = ((4.0, 1), (10.0, 2), (10.0, 3))  # (seconds, seed) of tools/synth.py speech_like
+CLIPS = ((4.0, 1), (10.0, 2), (10.0, 3))  # (seconds, seed) of tools/lib/synth.py speech_like
 STEPS = 48
 
 
@@ -45,8 +45,8 @@ def greedy(model, embeds, steps: int) -> list[int]:
 
 def compare_clip(exact, other, seconds: float, seed: int) -> dict:
     """Teacher-forced top-1 agreement and mean KL per token, and both paths' greedy ids, on one clip."""
-    from tools.parity import stage_outputs, teacher_forced_logits
-    from tools.synth import speech_like
+    from tools.lib.parity import stage_outputs, teacher_forced_logits
+    from tools.lib.synth import speech_like
 
     with exact.thread_scope():
         embeds = stage_outputs(exact, speech_like(seconds, seed), "funasr", {})["embeds"]
@@ -85,8 +85,8 @@ def audio_ms(model, feats, mask) -> float:
 def speed(exact, other, rounds: int, steps: int) -> dict:
     """Interleaved rounds, {figure: {path: [ms per round]}}: encoder + adaptor on 30 s; int8 also decode
     ms/token after a 10 s clip's prompt."""
-    from tools.parity import stage_outputs
-    from tools.synth import speech_like
+    from tools.lib.parity import stage_outputs
+    from tools.lib.synth import speech_like
 
     name = other.backend.activations
     feats, mask = exact.features([speech_like(30.0, 2)], "funasr")
@@ -126,7 +126,7 @@ def tiny_checkpoint(work: Path) -> Path:
 def tiny_q8_0(work: Path) -> Path:
     """The committed tiny checkpoint converted to a Q8_0 GGUF under work."""
     from nanoasr import convert
-    from nanoasr.model.load import load_checkpoint
+    from nanoasr.checkpoints.load import load_checkpoint
 
     path = work / "tiny-q8_0.gguf"
     convert.write(path, load_checkpoint(tiny_checkpoint(work)), "q8_0", report=False, progress=None)
@@ -139,7 +139,7 @@ def report(results: dict, times: dict, args, cpu: str) -> str:
     title = {"int8": "Int8 activations against exact ones (block-quantized weights)",
              "bf16": "bf16 activations against exact ones (BF16 weights)"}[other]
     lines = [f"# {title}", "",
-             f"Produced by `python tools/activation_drift.py {' '.join(sys.argv[1:])}` on {cpu}, "
+             f"Produced by `python tools/drift/activation_drift.py {' '.join(sys.argv[1:])}` on {cpu}, "
              f"{args.threads} threads (a machine shared with other work: absolute times vary between runs, "
              "the ratio is within one run).", "",
              f"Teacher-forced over {STEPS} steps along the exact path's greedy ids; KL(exact || {other}) per "

@@ -1,11 +1,11 @@
 """Drift of each GGUF type from the BF16 safetensors path, on one checkpoint: docs/reports/gguf_drift.md.
 
-    python tools/gguf_drift.py CHECKPOINT_DIR --work DIR [--report docs/reports/gguf_drift.md]
+    python tools/drift/gguf_drift.py CHECKPOINT_DIR --work DIR [--report docs/reports/gguf_drift.md]
 
 For F16, Q8_0 and Q4_K_M: file size, load time, peak RSS (each model in its own process), relative
 error of the prefill logits against the BF16 path, and top-1 agreement over 64 decode steps forced
 along the BF16 path's greedy ids (teacher forcing, so one early difference does not cascade).
-OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are unset for the child processes (tools/measure.py).
+OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are unset for the child processes (tools/lib/measure.py).
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tools.measure import environ_without_blas_vars  # noqa: E402
+from tools.lib.measure import environ_without_blas_vars  # noqa: E402
 
 TYPES = ("f16", "q8_0", "q4_k_m")
 STEPS, SECONDS = 64, 10
@@ -30,8 +30,8 @@ def child(model_path: str, out_prefix: str, forced: str | None) -> dict:
     import numpy as np
 
     from nanoasr.api import Model
-    from tools.synth import speech_like
-    from tools.parity import stage_outputs, teacher_forced_logits
+    from tools.lib.synth import speech_like
+    from tools.lib.parity import stage_outputs, teacher_forced_logits
 
     start = time.perf_counter()
     model = Model.load(model_path, threads=2)
@@ -69,7 +69,7 @@ def main() -> int:
     import numpy as np
 
     from nanoasr import convert
-    from nanoasr.model.load import load_checkpoint
+    from nanoasr.checkpoints.load import load_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint")
@@ -96,8 +96,9 @@ def main() -> int:
                       top1_agreement=float((top1 == base_top1).mean()))
         rows[f"{target} gguf"] = result
     lines = ["# GGUF drift", "",
-             f"Produced by `python tools/gguf_drift.py {' '.join(sys.argv[1:])}`: {SECONDS} s of speech-like "
-             f"audio, funasr profile, {STEPS} decode steps forced along the BF16 path's greedy ids, "
+             f"Produced by `python tools/drift/gguf_drift.py {' '.join(sys.argv[1:])}`: {SECONDS} s of "
+             f"speech-like audio, funasr profile, {STEPS} decode steps forced along the BF16 path's greedy "
+             "ids, "
              "2 threads (checkpoint and files: [README.md](README.md)). The weights are random, not "
              "trained: drift on the real checkpoint is not measured here.", "",
              "| model | file MB | load s | peak RSS MB | prefill logits rel. error | top-1 agreement |",

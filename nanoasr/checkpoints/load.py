@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nanoasr.checkpoints.checkpoint import TEXT_FILES, Checkpoint, read_json, read_text, validate
+from nanoasr.checkpoints.gguf_schema import load_gguf
+from nanoasr.checkpoints.layouts import to_logical
+from nanoasr.checkpoints.runtimes.funasr import load_funasr
+from nanoasr.checkpoints.runtimes.funasr_llamacpp import DECODER_ARCH, ENCODER_ARCH, load_pair
 from nanoasr.errors import ModelError
 from nanoasr.formats import gguf_read, safetensors
 from nanoasr.model import config as config_mod
-from nanoasr.model.checkpoint import TEXT_FILES, Checkpoint, read_json, read_text, validate
 from nanoasr.model.config import Config
-from nanoasr.model.funasr import load_funasr
-from nanoasr.model.funasr_llamacpp import DECODER_ARCH, ENCODER_ARCH, load_pair
-from nanoasr.model.gguf_schema import load_gguf
-from nanoasr.model.layouts import to_logical
 
 
 def _legacy_config(raw: dict, where: str) -> dict:

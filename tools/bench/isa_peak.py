@@ -1,7 +1,7 @@
 """The ceiling the vector instructions set on this CPU: multiply-adds per second per core, for the steps the
 stored-weight products are built of, where nothing but those instructions held them back.
 
-    python tools/isa_peak.py [--isa native|avx2] [--threads 2] [--seconds 0.5] [--json out.json]
+    python tools/bench/isa_peak.py [--isa native|avx2] [--threads 2] [--seconds 0.5] [--json out.json]
 
 Each step runs in CHAINS independent chains, each chain's result an operand of its next step, so that the
 instructions' ports set the pace rather than their latency, and LLVM can neither hoist nor fold them:
@@ -26,9 +26,9 @@ from __future__ import annotations
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from tools.measure import rerun_without_blas_vars  # noqa: E402
+from tools.lib.measure import rerun_without_blas_vars  # noqa: E402
 
 rerun_without_blas_vars()
 
@@ -167,7 +167,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=get_num_threads())
     ap.add_argument("--seconds", type=float, default=0.5)
     ap.add_argument("--isa", choices=("native", "avx2"), default="native",
-                    help="avx2: held to an AVX2-only CPU's instructions (tools/measure.py; applied on start)")
+                    help="avx2: held to an AVX2-only CPU's instructions "
+                         "(tools/lib/measure.py; applied on start)")
     ap.add_argument("--json", type=pathlib.Path)
     args = ap.parse_args()
     set_num_threads(args.threads)

@@ -1,10 +1,10 @@
 """What the measuring tools share: running without the OpenBLAS variables, or held to an instruction set, a
 median timer, the size of the last-level cache (what "far larger than the caches" must exceed).
 
-OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are set on the project's build machines and halve numpy's GEMM
-speed; users' machines do not set them, so the tools measure without them. `--isa avx2` (tools/bench.py,
-tools/gemm_bench.py) holds a run to an AVX2-only x86 CPU's instructions (AVX2, FMA, F16C, as AMD's Zen 3):
-nanoasr's numba target (its kernels' paths follow it: nanoasr/kernels/target.py), OpenBLAS's Haswell
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are set on the project's build machines and halve numpy's GEMM speed;
+users' machines do not set them, so the tools measure without them. `--isa avx2` (tools/bench/bench.py,
+tools/bench/gemm_bench.py) holds a run to an AVX2-only x86 CPU's instructions (AVX2, FMA, F16C, as AMD's Zen
+3): nanoasr's numba target (its kernels' paths follow it: nanoasr/kernels/target.py), OpenBLAS's Haswell
 kernels, and Transformers' ATen, oneDNN and MKL dispatch; llama.cpp is held by its build.
 """
 from __future__ import annotations

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nanoasr.checkpoints.spec import expected_tensors, spec
 from nanoasr.errors import ModelError
 from nanoasr.model.config import Config
-from nanoasr.model.spec import expected_tensors, spec
 from nanoasr.storage import BLOCK_TYPES, DENSE_TYPES
 from nanoasr.tensor import StoredTensor, has_nonfinite
 
 if TYPE_CHECKING:
-    from nanoasr.model.ctc import CtcBranch
+    from nanoasr.checkpoints.ctc import CtcBranch
 
 TEXT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
               "processor_config.json", "generation_config.json")  # kept verbatim in Checkpoint.files

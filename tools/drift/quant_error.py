@@ -1,6 +1,6 @@
 """nanoasr's Q4_K / Q6_K quantizers against llama.cpp's own, on the same tensors: docs/reports/quant_error.md.
 
-    python tools/quant_error.py CHECKPOINT_DIR --llama-python PY --work DIR
+    python tools/drift/quant_error.py CHECKPOINT_DIR --llama-python PY --work DIR
                                 [--report docs/reports/quant_error.md]
 
 The decoder is exported as a stock qwen3 GGUF in F32, llama.cpp quantizes it to Q4_K_M
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 QUANTIZE = """import sys, llama_cpp
 p = llama_cpp.llama_model_quantize_default_params()
@@ -34,8 +34,8 @@ def main() -> int:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
+    from nanoasr.checkpoints.load import load_checkpoint
     from nanoasr.convert import write_qwen3
-    from nanoasr.model.load import load_checkpoint
     from nanoasr.quant.quantize import quantize
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -62,7 +62,7 @@ def main() -> int:
         ours = dequantize(quantize(x, kind), t.tensor_type).reshape(x.shape)
         rows.append((t.name, kind, rel_rms(x, theirs), rel_rms(x, ours)))
     lines = ["# Quantizer error: nanoasr vs llama.cpp", "",
-             f"Produced by `python tools/quant_error.py {' '.join(sys.argv[1:])}`: every tensor "
+             f"Produced by `python tools/drift/quant_error.py {' '.join(sys.argv[1:])}`: every tensor "
              "llama.cpp's Q4_K_M quantizer stored as Q4_K or Q6_K, quantized again by nanoasr to the same "
              "type; relative RMS error of each after the gguf package's dequantizer.", ""]
     for kind in ("q4_k", "q6_k"):

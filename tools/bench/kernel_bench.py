@@ -1,6 +1,6 @@
 """Decode-time matrix-vector kernels at the Qwen3-0.6B decoder's shapes: ms per call and weight GB/s.
 
-    python tools/kernel_bench.py [--threads 2] [--batch 1 8] [--dtypes f16 q8_0 ...]
+    python tools/bench/kernel_bench.py [--threads 2] [--batch 1 8] [--dtypes f16 q8_0 ...]
                                  [--activations exact|int8|vnni|avx2] [--in-cache] [--json out.json]
 
 Weights stream from memory as in decoding: each shape is timed over enough distinct copies of the matrix to
@@ -20,9 +20,9 @@ import os
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from tools.measure import last_level_cache_bytes, rerun_without_blas_vars  # noqa: E402
+from tools.lib.measure import last_level_cache_bytes, rerun_without_blas_vars  # noqa: E402
 
 rerun_without_blas_vars()
 

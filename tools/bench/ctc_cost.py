@@ -1,7 +1,7 @@
 """What word timestamps add to a segment: the CTC branch and the alignment, next to the encoder, on full-size
 random BF16 weights (no checkpoint needed).
 
-    python -m tools.ctc_cost [--seconds 30] [--tokens 150] [--threads N] [--repeats 3]
+    python -m tools.bench.ctc_cost [--seconds 30] [--tokens 150] [--threads N] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import time
 import numpy as np
 
 from nanoasr import backend as backend_mod
-from nanoasr.model import alignment, ctc, encoder
+from nanoasr import timestamps
+from nanoasr.checkpoints import ctc as ctc_checkpoint
+from nanoasr.checkpoints.spec import expected_tensors
+from nanoasr.model import ctc, encoder
 from nanoasr.model.config import Config
-from nanoasr.model.spec import expected_tensors
 from nanoasr.tensor import StoredTensor
 
 
@@ -29,7 +31,7 @@ def weights(rng):
     """(encoder weights, CTC weights), placed on the CPU backend."""
     cpu = backend_mod.resolve("cpu")
     spec = {n: entry for n, entry in expected_tensors(Config()).items() if n.startswith("model.audio_tower.")}
-    ctc_table = ctc.expected_tensors(ctc.CtcConfig())
+    ctc_table = ctc_checkpoint.expected_tensors(ctc.CtcConfig())
     encoder_w = cpu.place(random_bf16({n: s for n, (s, _) in spec.items()}, rng),
                           {n for n, (_, kind) in spec.items() if kind != "matrix"})
     return encoder_w, cpu.place(random_bf16(ctc_table, rng), {n for n, s in ctc_table.items() if len(s) == 1})
@@ -56,7 +58,7 @@ def main(argv=None) -> int:
             logp = ctc.log_probs(enc, mask, ctc_w, cfg)
             t2 = time.perf_counter()
             ctc.greedy_ids(logp, cfg.blank_id)
-            alignment.token_spans(*ctc.target_columns(logp, targets, cfg.blank_id), targets)
+            timestamps.token_spans(*ctc.target_columns(logp, targets, cfg.blank_id), targets)
             t3 = time.perf_counter()
             print(f"{frames} frames: encoder {1e3 * (t1 - t0):.0f} ms; CTC branch {1e3 * (t2 - t1):.0f} ms "
                   f"({(t2 - t1) / (t1 - t0):.0%} of the encoder); greedy text + alignment of {args.tokens} "

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
+from nanoasr.checkpoints.checkpoint import Checkpoint, validate
+from nanoasr.checkpoints.layouts import qwen3_names, to_logical
+from nanoasr.checkpoints.runtimes.funasr import funasr_layout
+from nanoasr.checkpoints.shapes import config_from_shapes, layer_count, with_metadata
 from nanoasr.errors import ModelError
 from nanoasr.formats import gguf_read
 from nanoasr.formats.gguf_vocab import tokenizer_files
-from nanoasr.model.checkpoint import Checkpoint, validate
 from nanoasr.model.config import Config
-from nanoasr.model.funasr import funasr_layout
-from nanoasr.model.layouts import qwen3_names, to_logical
-from nanoasr.model.shapes import config_from_shapes, layer_count, with_metadata
 from nanoasr.storage import DENSE_TYPES
 from nanoasr.tensor import StoredTensor
 

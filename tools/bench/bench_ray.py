@@ -1,7 +1,7 @@
 """Throughput of nanoasr.ray.transcribe_dataset with 1 and 2 workers (1 thread each) on a local Ray runtime.
 
-    python tools/bench_ray.py --model CKPT [--model other.gguf ...] [--files 12] [--seconds 5] [--tokens 24]
-                              [--workers 1 2] [--report docs/reports/ray.md]
+    python tools/bench/bench_ray.py --model CKPT [--model other.gguf ...] [--files 12] [--seconds 5]
+                                    [--tokens 24] [--workers 1 2] [--report docs/reports/ray.md]
 
 Every configuration transcribes the same synthesized clips (speech-like audio, `--seconds` long) with exactly
 `--tokens` decoded per clip (ignore_stop), so each file is the same work. Files/s and audio-seconds/s are
@@ -22,10 +22,10 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tools.measure import rerun_without_blas_vars  # noqa: E402
+from tools.lib.measure import rerun_without_blas_vars  # noqa: E402
 
 ACTOR = "MapBatches(Transcriber)"  # in the command line Ray gives each actor process
 
@@ -80,7 +80,7 @@ def _title(process) -> str:
 def clips(folder: Path, count: int, seconds: float) -> list[str]:
     import soundfile
 
-    from tools.synth import SAMPLE_RATE, speech_like
+    from tools.lib.synth import SAMPLE_RATE, speech_like
 
     paths = []
     for i in range(count):
@@ -194,7 +194,7 @@ def main() -> int:
                 if row["model"] == first["model"]:
                     row["scaling"] = row["files_per_s"] / first["files_per_s"]
     ray.shutdown()
-    command = "python tools/bench_ray.py " + " ".join(sys.argv[1:])
+    command = "python tools/bench/bench_ray.py " + " ".join(sys.argv[1:])
     text = report(results, args, command)
     if args.report:
         Path(args.report).write_text(text, encoding="utf-8")

@@ -1,5 +1,5 @@
 """nanoasr's stages against Transformers reference outputs (tools/reference/dump.py): the stage outputs and
-teacher-forced logits of one waveform, and the checks the parity tests and tools/gguf_drift.py share."""
+teacher-forced logits of one waveform, and the checks the parity tests and tools/drift/gguf_drift.py share."""
 import numpy as np
 
 from nanoasr.api import Options

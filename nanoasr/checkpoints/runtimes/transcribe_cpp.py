@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 
+from nanoasr.checkpoints.layouts import to_logical
+from nanoasr.checkpoints.runtimes.funasr import funasr_layout
+from nanoasr.checkpoints.shapes import config_from_shapes, with_metadata
 from nanoasr.errors import ModelError
 from nanoasr.model.config import Config
-from nanoasr.model.funasr import funasr_layout
-from nanoasr.model.layouts import to_logical
-from nanoasr.model.shapes import config_from_shapes, with_metadata
 from nanoasr.tensor import StoredTensor
 
 ARCH = "funasr_nano"

@@ -1,11 +1,11 @@
 """Benchmark nanoasr against Transformers (and llama.cpp's decoder) on the same random-weight checkpoint.
 
-    python tools/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
+    python tools/bench/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
                           [--llama-gguf qwen3.gguf] [--seconds 10] [--tokens 40] [--long-seconds 600]
                           [--threads 2] [--device cpu|cuda] [--activations exact|int8|bf16] [--rounds 3]
                           [--huge-pages off|on|both] [--isa native|avx2]
                           [--json out.json] [--report docs/speed.md]
-    python tools/bench.py --report docs/speed.md --from run.json [--from other.json ...] [--drop RUN ...]
+    python tools/bench/bench.py --report docs/speed.md --from run.json [--from other.json ...] [--drop RUN ...]
 
 Each configuration runs in its own process (so peak RSS is its own), with OPENBLAS_CORETYPE and
 OPENBLAS_L2_SIZE unset: users' machines do not set them, and they halve numpy's GEMM speed. The
@@ -14,7 +14,7 @@ them alike; every figure is the median over the rounds, with its minimum and max
 CPU and the features nanoasr chooses its kernels by, llama.cpp's own system information when
 llama-cpp-python is installed, and the machine's read bandwidth (a streaming sum over a buffer of 1 GiB or
 four times the last-level cache, on as many threads as the runs use), against which F16/BF16 decode steps
-are reported. `--isa avx2` holds every side to the instructions of an AVX2-only x86 CPU (tools/measure.py),
+are reported. `--isa avx2` holds every side to the instructions of an AVX2-only x86 CPU (tools/lib/measure.py),
 so that an AVX-512 machine measures the paths such CPUs run; llama.cpp must then be a build without AVX-512
 (pass its Python as --llama-python; the report shows its system info).
 
@@ -39,11 +39,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tools.measure import (ISA_ENVIRON, environ_without_blas_vars, last_level_cache_bytes,  # noqa: E402
-                           median_ms)
+from tools.lib.measure import (ISA_ENVIRON, environ_without_blas_vars, last_level_cache_bytes,  # noqa: E402
+                               median_ms)
 
 
 def peak_rss_mb() -> float:
@@ -71,7 +71,7 @@ def device_figures(model) -> dict:
 def child_nanoasr(args) -> dict:
     from nanoasr.api import Model
     from nanoasr.formats.mapping import huge_page_share
-    from tools.synth import speech_like
+    from tools.lib.synth import speech_like
 
     start = time.perf_counter()
     model = Model.load(args.model, device=args.device, threads=args.threads, activations=args.activations,
@@ -156,7 +156,7 @@ def long_audio(model, args) -> dict:
     """A long recording segmented and decoded 8 segments at a time, and (with --long-sequential) again one
     segment at a time."""
     from nanoasr.api import Model
-    from tools.synth import speech_like
+    from tools.lib.synth import speech_like
 
     wave = speech_like(args.long_seconds, seed=2, silence_every_s=45)
     result = model.transcribe(wave, sample_rate=16000, reference=args.reference)
@@ -181,7 +181,7 @@ def stage_times(model, threads: int) -> dict:
     from threadpoolctl import threadpool_limits
 
     from nanoasr.model import decoder
-    from tools.synth import speech_like
+    from tools.lib.synth import speech_like
 
     out = {}
     minute = speech_like(60, seed=3)
@@ -450,7 +450,7 @@ def page(sources: list[dict], title: str = "Speed", note: str = "") -> str:
 
 def written_by(argv: list[str]) -> str:
     """The command, an option a line."""
-    words = ["python tools/bench.py"] + [shlex.quote(w) for w in argv]
+    words = ["python tools/bench/bench.py"] + [shlex.quote(w) for w in argv]
     return "".join(f" \\\n    {w}" if w.startswith("--") and i > 0 else f" {w}" if i else w
                    for i, w in enumerate(words))
 
@@ -586,7 +586,7 @@ def main() -> int:
             results["runs"] = {n: r for n, r in results["runs"].items() if n not in dropped}
         Path(args.report).write_text(page(sources, args.title, args.note))
         return 0
-    results = {"command": "python tools/bench.py " + shlex.join(sys.argv[1:]),
+    results = {"command": "python tools/bench/bench.py " + shlex.join(sys.argv[1:]),
                "date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": machine(args)}
     rounds = {name: [] for name, _ in configurations(args)}
     for _ in range(args.rounds):

@@ -1,7 +1,7 @@
 """Many-row products (encoder, prefill) at the model's shapes: what widening the stored matrix costs.
 
-    python tools/gemm_bench.py [--threads 2] [--rows 167 500 196 1568] [--dtypes bf16 q8_0 ...] [--json out]
-                               [--isa native|avx2]
+    python tools/bench/gemm_bench.py [--threads 2] [--rows 167 500 196 1568] [--dtypes bf16 q8_0 ...]
+                                     [--json out] [--isa native|avx2]
 
 For more than backend.cpu.FUSED_ROWS rows nanoasr widens the stored matrix to float32 in a reused buffer and
 multiplies with BLAS. For each shape, row count and stored type this times, in ms per product (medians):
@@ -22,16 +22,16 @@ multiplies with BLAS. For each shape, row count and stored type this times, in m
 The weights come from distinct copies of the matrix that overflow the last-level cache, as in a forward pass.
 Rows: 167 and 500 are the encoder's frames for 10 s and 30 s, 196 a prefill, 1568 eight prefills together.
 Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as users' machines have them, or with `--isa avx2`
-held to an AVX2-only CPU's instructions (tools/measure.py).
+held to an AVX2-only CPU's instructions (tools/lib/measure.py).
 """
 from __future__ import annotations
 
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from tools.measure import ISA_ENVIRON, median_ms, rerun_without_blas_vars  # noqa: E402
+from tools.lib.measure import ISA_ENVIRON, median_ms, rerun_without_blas_vars  # noqa: E402
 
 rerun_without_blas_vars()
 
@@ -48,7 +48,7 @@ from nanoasr.kernels import amx, bf16_gemm, cpu  # noqa: E402
 from nanoasr.kernels.int8_dot import KINDS as MATVEC_INT8_KINDS  # noqa: E402
 from nanoasr.kernels.int8_dot import host_path  # noqa: E402
 from nanoasr.tensor import StoredTensor  # noqa: E402
-from tools.kernel_bench import COLD_BYTES, stored_matrix  # noqa: E402
+from tools.bench.kernel_bench import COLD_BYTES, stored_matrix  # noqa: E402
 
 SHAPES = {  # name: (out_features, in_features)
     "enc attn": (512, 512), "enc fc1": (2048, 512), "enc fc2": (512, 2048),
@@ -114,7 +114,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", type=pathlib.Path)
     ap.add_argument("--isa", default="native", choices=tuple(ISA_ENVIRON),
-                    help="avx2: held to an AVX2-only CPU's instructions (tools/measure.py; applied on start)")
+                    help="avx2: held to an AVX2-only CPU's instructions "
+                         "(tools/lib/measure.py; applied on start)")
     args = ap.parse_args(argv)
 
     import numba

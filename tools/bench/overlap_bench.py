@@ -3,21 +3,21 @@ segment and a run of batched decode steps (8 rows, as long audio decodes them), 
 every thread each, against both at once in two Python threads with the threads split between them (and
 with every thread each).
 
-    python tools/overlap_bench.py MODEL [--threads 2] [--activations exact|bf16|int8] [--steps 30]
+    python tools/bench/overlap_bench.py MODEL [--threads 2] [--activations exact|bf16|int8] [--steps 30]
                                         [--rounds 3] [--isa native|avx2]
 
 Each line is one round; the sequential figure is the time long audio spends on the two stages today.
-Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as tools/bench.py does, or with `--isa avx2` held to
-an AVX2-only CPU's instructions (tools/measure.py).
+Runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, as tools/bench/bench.py does, or with `--isa avx2`
+held to an AVX2-only CPU's instructions (tools/lib/measure.py).
 """
 from __future__ import annotations
 
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from tools.measure import ISA_ENVIRON, rerun_without_blas_vars  # noqa: E402
+from tools.lib.measure import ISA_ENVIRON, rerun_without_blas_vars  # noqa: E402
 
 rerun_without_blas_vars()
 
@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 from nanoasr.api import BATCH_SIZE, Model  # noqa: E402
 from nanoasr.backend import ACTIVATIONS  # noqa: E402
 from nanoasr.model import decoder  # noqa: E402
-from tools.synth import speech_like  # noqa: E402
+from tools.lib.synth import speech_like  # noqa: E402
 
 ROWS = BATCH_SIZE  # segments decoded together, as long audio decodes them
 PROMPT = 200  # positions of each row's prompt before the steps: a 30 s segment's
@@ -96,7 +96,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--isa", default="native", choices=tuple(ISA_ENVIRON),
-                        help="avx2: held to an AVX2-only CPU's instructions (tools/measure.py)")
+                        help="avx2: held to an AVX2-only CPU's instructions (tools/lib/measure.py)")
     args = parser.parse_args()
     model = Model.load(args.model, threads=args.threads, activations=args.activations)
     prepare, encode, decode = stages(model, args.steps)

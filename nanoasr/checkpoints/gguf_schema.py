@@ -3,9 +3,9 @@
 A nanoasr GGUF keeps the logical tensor names and carries everything a checkpoint directory holds: every
 typed-config field as `fun_asr_nano.<section>.<field>`, the checkpoint's text files verbatim as strings,
 and `tokenizer.ggml.*` arrays so generic GGUF tools see the vocabulary. docs/gguf.md lists every key.
-Other GGUFs of the model are read too: transcribe.cpp's, CrispASR's and audio.cpp's (nanoasr.model.
-transcribe_cpp, crispasr, audiocpp), and others with the logical names: config from an embedded config.json,
-else from the tensor shapes.
+Other GGUFs of the model are read too: transcribe.cpp's, CrispASR's and audio.cpp's
+(nanoasr.checkpoints.runtimes.transcribe_cpp, crispasr, audiocpp), and others with the logical names: config
+from an embedded config.json, else from the tensor shapes.
 """
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ from pathlib import Path
 
 from gguf import Keys
 
+from nanoasr.checkpoints.checkpoint import Checkpoint, validate
+from nanoasr.checkpoints.layouts import to_logical
+from nanoasr.checkpoints.runtimes import audiocpp, crispasr, transcribe_cpp
+from nanoasr.checkpoints.shapes import config_from_shapes
 from nanoasr.errors import ModelError
 from nanoasr.formats import gguf_read
 from nanoasr.formats.gguf_vocab import tokenizer_files
 from nanoasr.model import config as config_mod
-from nanoasr.model.checkpoint import Checkpoint, validate
-from nanoasr.model import audiocpp, crispasr, transcribe_cpp
 from nanoasr.model.config import SECTIONS, Config
-from nanoasr.model.layouts import to_logical
-from nanoasr.model.shapes import config_from_shapes
 
 ARCH = "fun_asr_nano"
 SCHEMA_KEY = f"{ARCH}.schema_version"

@@ -1,0 +1,1 @@
+"""Accuracy measurements: how far quantized weights and int8/bf16 activations drift from the exact path."""
