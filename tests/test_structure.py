@@ -21,7 +21,7 @@ ORDER = [
     {"kernels", "formats"},
     {"tensor", "transcript"},
     {"quant", "writers"},
-    {"storage", "xp", "errors"},
+    {"storage", "xp", "errors", "untrusted"},
 ]
 RANK = {layer: rank for rank, layers in enumerate(ORDER) for layer in layers}
 # Imports known to climb the order until the backend's array-module twins leave ops (work in progress on
