@@ -1,8 +1,8 @@
 """bf16 activations: rows rounded to bf16 (as torch rounds them) times BF16 weights, and attention's operands
 likewise in the many-row forwards, with float32 sums: on AMX tiles where this CPU has them
-(nanoasr/kernels/amx.py), else on the bf16 GEMM where it has AVX512-BF16 (nanoasr/kernels/bf16_gemm.py),
-else BLAS on the rounded operands (nanoasr.ops.products_xp). The same tests run on any path; each checks
-which one ran."""
+(nanoasr/kernels/bf16/amx.py), else on the bf16 GEMM where it has AVX512-BF16
+(nanoasr/kernels/bf16/avx512.py), else BLAS on the rounded operands (nanoasr.ops.products_xp). The same tests
+run on any path; each checks which one ran."""
 import numpy as np
 import pytest
 
@@ -11,7 +11,9 @@ from nanoasr.api import Model
 from nanoasr.backend import CPU, with_activations
 from nanoasr.backend import cpu as cpu_backend
 from nanoasr.cli import serve, transcribe
-from nanoasr.kernels import amx, bf16_gemm, target
+from nanoasr.kernels import target
+from nanoasr.kernels.bf16 import amx
+from nanoasr.kernels.bf16 import avx512 as bf16_gemm
 from nanoasr.tensor import StoredTensor
 from tools.parity import stage_outputs, teacher_forced_logits
 from tools.synth import speech_like

@@ -10,7 +10,7 @@ import pytest
 
 from nanoasr import backend, ops
 from nanoasr.backend import cpu as cpu_table
-from nanoasr.kernels import attention, cpu, elementwise, softmax
+from nanoasr.kernels import attention, elementwise, softmax, stored
 from nanoasr.tensor import StoredTensor, take_rows, widen
 from tests.test_attention_kernel import new_position_case
 
@@ -91,11 +91,11 @@ def test_a_linear_layers_bias_goes_to_the_kernel_for_float32(monkeypatch, dtype,
 
 @pytest.mark.parametrize("rows, route", [(1, "matvec"), (8, "matvec"), (9, "widen")])
 def test_stored_weights_stream_through_matvec_for_few_rows_and_widen_for_many(monkeypatch, rows, route):
-    matvec, wide = record(monkeypatch, cpu, "matvec"), record(monkeypatch, cpu, "widen")
+    matvec, wide = record(monkeypatch, stored, "matvec"), record(monkeypatch, stored, "widen")
     w = f32(16, 64, seed=1)
-    stored = StoredTensor((w.view(np.uint32) >> 16).astype(np.uint16), "bf16", w.shape)
+    bf16 = StoredTensor((w.view(np.uint32) >> 16).astype(np.uint16), "bf16", w.shape)
     x = f32(rows, 64)
-    np.testing.assert_allclose(ops.linear(x, stored), x @ widen(stored).T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ops.linear(x, bf16), x @ widen(bf16).T, rtol=1e-5, atol=1e-5)
     assert (len(matvec), len(wide)) == ((1, 0) if route == "matvec" else (0, 1))
 
 

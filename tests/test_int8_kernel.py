@@ -1,5 +1,5 @@
-"""The int8-activation products over Q8_0, Q4_K and Q6_K weights (nanoasr/kernels/int8_dot.py, and the GEMM
-for many rows in int8_gemm.py) against their numpy twin in nanoasr.ops, on every path this CPU can run (AVX2
+"""The int8-activation products over Q8_0, Q4_K and Q6_K weights (nanoasr/kernels/int8/dot.py, and the GEMM
+for many rows in int8/gemm.py) against their numpy twin in nanoasr.ops, on every path this CPU can run (AVX2
 forced where VNNI is present too)."""
 import numpy as np
 import pytest
@@ -7,11 +7,11 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from nanoasr import ops
-from nanoasr.kernels import cpu
-from nanoasr.kernels.int8_dot import KINDS, PATHS, host_path
+from nanoasr.kernels import stored
+from nanoasr.kernels.int8.dot import KINDS, PATHS, host_path
 from nanoasr.tensor import StoredTensor
 
-# "gemm_vnni", "gemm_avx2": cpu.gemm_int8, the many-row product, on each path
+# "gemm_vnni", "gemm_avx2": stored.gemm_int8, the many-row product, on each path
 RUNNABLE = {"vnni": ["vnni", "avx2", "gemm_vnni", "gemm_avx2"], "avx2": ["avx2", "gemm_avx2"],
             None: []}[host_path()]
 GEMMS = tuple(f"gemm_{p}" for p in PATHS)
@@ -44,8 +44,8 @@ def random_weights(rng, kind, rows, cols):
 def product(x, data, kind, rows, path):
     out = np.full((len(x), rows), np.nan, np.float32)
     if path in GEMMS:
-        return cpu.gemm_int8(x, data, kind, rows, x.shape[1], out, path.removeprefix("gemm_"))
-    return cpu.matvec_int8(x, data, kind, rows, x.shape[1], out, path)
+        return stored.gemm_int8(x, data, kind, rows, x.shape[1], out, path.removeprefix("gemm_"))
+    return stored.matvec_int8(x, data, kind, rows, x.shape[1], out, path)
 
 
 @paths
@@ -69,7 +69,7 @@ def test_int8_product_matches_twin(path, n, kind, rows, cols):
                  * np.abs(scales[None] * np.repeat(dx, 2, axis=1)[:, None])).sum(axis=-1)
     bound = (cols // 32 + 32) * 2.0 ** -24 * (magnitude + np.abs(mins[None] * xs[:, None]).sum(axis=-1))
     assert np.all(np.abs(got - want) <= bound)
-    exact = cpu.matvec(x, data, kind, rows, cols, np.empty((n, rows), np.float32))
+    exact = stored.matvec(x, data, kind, rows, cols, np.empty((n, rows), np.float32))
     assert not np.all(np.abs(exact - want) <= bound)  # the bound tells int8 activations from float ones
 
 
@@ -154,8 +154,8 @@ def test_kernel_quantization_matches_the_twin_bit_for_bit():
     """The vector quantizer (int8_dot.quantize_block) in both layouts, the decode kernels' and the GEMM's
     (serial and parallel), against ops.quantize_rows_xp: scales, int8 and the sums the kernels derive, on
     blocks of every magnitude, an all-zero block, negative zeros and exact ties (ties to even)."""
-    from nanoasr.kernels.int8_dot import _quantized
-    from nanoasr.kernels.int8_gemm import _quantized_rows, _quantized_rows_parallel
+    from nanoasr.kernels.int8.dot import _quantized
+    from nanoasr.kernels.int8.gemm import _quantized_rows, _quantized_rows_parallel
 
     rng = np.random.default_rng(5)
     n, nb = 11, 6
@@ -184,19 +184,19 @@ def test_kernel_quantization_matches_the_twin_bit_for_bit():
 
 def test_int8_product_refuses_wrong_arguments():
     with pytest.raises(ValueError, match="q8_0 data"):
-        cpu.matvec_int8(np.zeros((1, 64), np.float32), np.zeros((4, 64), np.uint8), "q8_0", 4, 64,
+        stored.matvec_int8(np.zeros((1, 64), np.float32), np.zeros((4, 64), np.uint8), "q8_0", 4, 64,
                         np.zeros((1, 4), np.float32), "avx2")
     with pytest.raises(ValueError, match="out must have"):
-        cpu.matvec_int8(np.zeros((2, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
+        stored.matvec_int8(np.zeros((2, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
                         np.zeros((1, 4), np.float32), "avx2")
     with pytest.raises(ValueError, match="int8 activations need q8_0, q4_k or q6_k weights; got 'bf16'"):
-        cpu.matvec_int8(np.zeros((1, 256), np.float32), np.zeros((4, 256), np.uint16), "bf16", 4, 256,
+        stored.matvec_int8(np.zeros((1, 256), np.float32), np.zeros((4, 256), np.uint16), "bf16", 4, 256,
                         np.zeros((1, 4), np.float32), "avx2")
     with pytest.raises(ValueError, match="int8 activations need q8_0, q4_k or q6_k weights; got 'f16'"):
-        cpu.gemm_int8(np.zeros((9, 256), np.float32), np.zeros((4, 256), np.uint16), "f16", 4, 256,
+        stored.gemm_int8(np.zeros((9, 256), np.float32), np.zeros((4, 256), np.uint16), "f16", 4, 256,
                       np.zeros((9, 4), np.float32), "vnni")
     with pytest.raises(ValueError, match="out must have"):
-        cpu.gemm_int8(np.zeros((9, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
+        stored.gemm_int8(np.zeros((9, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
                       np.zeros((8, 4), np.float32), "vnni")
 
 
@@ -206,8 +206,8 @@ def test_int8_product_uses_the_integer_instructions(path, kind, nbytes):
     """Compiled afresh: a driver loaded from numba's disk cache has no assembly text to show."""
     from numba import njit
 
-    from nanoasr.kernels.int8_dot import MATVEC_INT8
-    from nanoasr.kernels.int8_gemm import GEMM_INT8
+    from nanoasr.kernels.int8.dot import MATVEC_INT8
+    from nanoasr.kernels.int8.gemm import GEMM_INT8
 
     on = path.removeprefix("gemm_")
     fresh = njit(parallel=True)((GEMM_INT8 if path in GEMMS else MATVEC_INT8)[kind, on].py_func)

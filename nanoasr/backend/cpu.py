@@ -9,10 +9,11 @@ import numpy as np
 
 from nanoasr import ops
 from nanoasr.backend import NUMBA_PRODUCTS, Kernels, pages
-from nanoasr.kernels import amx, attention, bf16_gemm, blas_split, cpu, elementwise, softmax
+from nanoasr.kernels import attention, blas_split, elementwise, softmax, stored
+from nanoasr.kernels.bf16 import amx, avx512
 from nanoasr.kernels import decode_layer as layer_kernel
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.int8_dot import host_path
+from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.int8.dot import host_path
 from nanoasr.tensor import StoredTensor, take_rows, widen
 
 # Up to this many rows (batched decode, the last prefill position) stream the stored blocks once through
@@ -104,7 +105,7 @@ def compiled_layer(matrices, norms):
         if w.shape[1] % BLOCKS[w.dtype].size:
             return None
         products.append((w.dtype, rows))
-        data.append(cpu.stored_data(w.data, w.dtype, *w.shape))
+        data.append(stored.stored_data(w.data, w.dtype, *w.shape))
     products = tuple(products)
 
     def layer(x, eps, cos, sin, scale, keys, values, positions):
@@ -127,22 +128,22 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
             return kernel.products(x, amx.weight_rows(w.data), np.empty((len(x), out_features), np.float32))
         x = ops.rows_bf16_xp(x)  # the same rows for the float products below
     if w.activations == "int8" and host_path() is not None:  # few rows streamed, many through the GEMM
-        product = cpu.matvec_int8 if len(x) <= FUSED_ROWS else cpu.gemm_int8
+        product = stored.matvec_int8 if len(x) <= FUSED_ROWS else stored.gemm_int8
         return product(x, w.data, w.dtype, out_features, in_features,
                        np.empty((len(x), out_features), np.float32), host_path())
     if len(x) <= FUSED_ROWS:
-        return cpu.matvec(x, w.data, w.dtype, out_features, in_features,
+        return stored.matvec(x, w.data, w.dtype, out_features, in_features,
                           np.empty((len(x), out_features), np.float32))
     if w.dtype == "f32":
         return x @ w.data.T
-    wide = cpu.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))
+    wide = stored.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))
     return x @ wide.T
 
 
 def bf16_kernel():
     """The module whose products(x, W, out) multiply rows rounded to bf16 (amx.operands) on this CPU: the AMX
     tiles, else the bf16 GEMM (AVX512-BF16); None where it has neither."""
-    return amx if amx.available() else bf16_gemm if bf16_gemm.available() else None
+    return amx if amx.available() else avx512 if avx512.available() else None
 
 
 def numba_products(weights: dict) -> bool:
@@ -190,7 +191,7 @@ def place(tensors: dict, vectors: set[str], activations: str = "exact", huge_pag
     block-quantized matrices (Q8_0, Q4_K, Q6_K) are marked for the integer product; with bf16 activations,
     the BF16 matrices."""
     def matrix(t):
-        marked = (activations == "int8" and t.dtype in cpu.MATVEC_INT8_KINDS
+        marked = (activations == "int8" and t.dtype in stored.MATVEC_INT8_KINDS
                   or activations == "bf16" and t.dtype == "bf16")
         return dataclasses.replace(t, activations=activations) if marked else t
     placed = {name: widen(t) if name in vectors else matrix(t) for name, t in tensors.items()}

@@ -1,7 +1,7 @@
 """A decoder layer's decode step (one new position in each of up to 8 rows) as one compiled call over a
-float32 cache, where each of the layer's seven products runs a decode kernel: the int8 kernels (int8_dot.py)
-for weights marked for int8 activations, the float32-row kernels (matvec.py) for the others (on rows
-rounded to bf16 first for weights marked for bf16 activations).
+float32 cache, where each of the layer's seven products runs a decode kernel: the int8 kernels (int8/dot.py)
+for weights marked for int8 activations, the float32-row kernels (stored/float_rows.py) for the others (on
+rows rounded to bf16 first for weights marked for bf16 activations).
 
 It calls the kernels the op-by-op path (nanoasr.model.decoder.decoder_layer through nanoasr.ops) calls, on
 the same operands in the same order, so it gives the same bits; what it leaves out is the dozen Python calls
@@ -17,12 +17,12 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from nanoasr.kernels.amx import _bf16
+from nanoasr.kernels.bf16.amx import _bf16
 from nanoasr.kernels.attention import _attend, _new_position
-from nanoasr.kernels.blocks import BLOCKS
+from nanoasr.kernels.ir.blocks import BLOCKS
 from nanoasr.kernels.elementwise import _rms_norm_rows, _swiglu_rows
-from nanoasr.kernels.int8_dot import MATVEC_INT8, PATHS
-from nanoasr.kernels.matvec import MATVEC
+from nanoasr.kernels.int8.dot import MATVEC_INT8, PATHS
+from nanoasr.kernels.stored.float_rows import MATVEC
 
 
 def _product(kind, rows, x, data):  # x [B <= 8, cols] @ W.T -> [B, rows of W]: compiled code only
@@ -41,9 +41,9 @@ def _bf16_rows(x):  # float32 [n, k] (C-contiguous) -> each value rounded to bf1
 
 @overload(_product, prefer_literal=True)
 def _product_kernel(kind, rows, x, data):
-    """The decode kernel for W stored as `kind` with rows as `rows` says: "exact" (float32 rows, matvec.py),
-    "bf16" (the rows rounded to bf16 first, then matvec.py) or an int8 path (int8_dot.PATHS); both literal
-    strings, so the layer's cache key holds no kernel object."""
+    """The decode kernel for W stored as `kind` with rows as `rows` says: "exact" (float32 rows,
+    stored/float_rows.py), "bf16" (the rows rounded to bf16 first, then stored/float_rows.py) or an int8
+    path (int8.dot.PATHS); both literal strings, so the layer's cache key holds no kernel object."""
     if not isinstance(kind, types.StringLiteral) or not isinstance(rows, types.StringLiteral):
         return None
     stored, path = kind.literal_value, rows.literal_value

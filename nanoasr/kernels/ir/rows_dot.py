@@ -17,8 +17,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nanoasr.kernels import target
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, i64, lane_sums, load_vector, mac, pad16,
+from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.ir.vector import (F32, I8, I32, V16, i64, lane_sums, load_vector, mac, pad16,
                                        prefetch, unrolled_loop)
 
 _TILE = 4096  # columns per pass: whole rows at these models' widths measured fastest

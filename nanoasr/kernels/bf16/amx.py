@@ -28,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nanoasr.kernels import target
-from nanoasr.kernels.vector_ir import (F32, I8, I32, i64, lanes, load_vector, store_first, store_vector,
+from nanoasr.kernels.ir.vector import (F32, I8, I32, i64, lanes, load_vector, store_first, store_vector,
                                        transposed)
 
 ROWS = 32  # rows of W per panel: two tiles of 16
@@ -272,7 +272,7 @@ def weight_rows(bits: np.ndarray) -> np.ndarray:
 
 
 def operands(x: np.ndarray, w: np.ndarray, out: np.ndarray, kind: str) -> tuple:
-    """x, W and out of products() (here or in bf16_gemm.py: `kind` names it in the error) as [B, H, r, c]
+    """x, W and out of products() (here or in avx512.py: `kind` names it in the error) as [B, H, r, c]
     views, checked: x float32 [..., m, K] (any strides), W bf16 bits uint16 [..., n', K'] as bf16_rows or
     weight_rows give them (n' - 32 < n <= n', K' - 32 < K <= K'), out float32 C-contiguous [..., m, n]."""
     x4, w4, o4 = _four(x), _four(w), _four(out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from nanoasr.kernels.vector_ir import F32, I8, I32, V16, bytes_of, lanes, load_vector, pick
+from nanoasr.kernels.ir.vector import F32, I8, I32, V16, bytes_of, lanes, load_vector, pick
 
 
 def _f16x8(builder, blk, off):

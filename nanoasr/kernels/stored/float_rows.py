@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.rows_dot import ROWS, rows_dot
+from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.ir.rows_dot import ROWS, rows_dot
 
 _REASSOC = {"reassoc", "contract"}  # lets the vectoriser keep per-lane partial sums
 

@@ -26,8 +26,9 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from nanoasr.kernels import amx, target
-from nanoasr.kernels.vector_ir import (I8, I32, V16, i64, load_vector, prefetch, splat, store_rows,
+from nanoasr.kernels import target
+from nanoasr.kernels.bf16 import amx
+from nanoasr.kernels.ir.vector import (I8, I32, V16, i64, load_vector, prefetch, splat, store_rows,
                                        store_vector, transposed)
 
 PANEL = 32  # weight rows a task packs: two groups of 16

@@ -30,11 +30,11 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.int8_dot import (KINDS, PATHS, pair_products, pair_sums, q4_k_quants, q4_k_scales,
+from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.int8.dot import (KINDS, PATHS, pair_products, pair_sums, q4_k_quants, q4_k_scales,
                                       q6_k_quants, q6_k_scales, quantize_block, vpdpbusd)
-from nanoasr.kernels.quant_blocks import _f16x8
-from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
+from nanoasr.kernels.ir.quant_blocks import _f16x8
+from nanoasr.kernels.ir.vector import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
                                        load_vector, mac, prefetch, splat, store_rows, store_vector,
                                        transposed)
 

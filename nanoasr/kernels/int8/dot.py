@@ -27,10 +27,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nanoasr.kernels import target
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.quant_blocks import _f16x8, _scales_mins
-from nanoasr.kernels.rows_dot import ROWS, _RowsDot
-from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
+from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.ir.quant_blocks import _f16x8, _scales_mins
+from nanoasr.kernels.ir.rows_dot import ROWS, _RowsDot
+from nanoasr.kernels.ir.vector import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
                                        load_vector, mac, pad16, pick, prefetch, splat, store_vector,
                                        unrolled_loop)
 
