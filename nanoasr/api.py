@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nanoasr import backend as backend_mod
+from nanoasr.backend import host
 from nanoasr.audio.fbank import REFERENCES
 from nanoasr.errors import OptionError
 from nanoasr.model import adaptor, alignment, ctc, decoder, encoder, generate, prompt
@@ -162,7 +163,7 @@ class Model:
     def thread_scope(self, threads: int | None = None):
         """A context in which this model's stages compute with its CPU threads (numba's and BLAS's; see
         Backend.numba_products), or with `threads` of them where given (a caller sharing the cores out)."""
-        return backend_mod.threads(threads or self.threads, self._numba_products)
+        return host.threads(threads or self.threads, self._numba_products)
 
     def check_options(self, language: str | None = None, word_timestamps: bool = False) -> None:
         """OptionError for what this model cannot do, before any audio is read: a language it was not trained

@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from nanoasr import backend as backend_mod
+from nanoasr.backend import host
 from nanoasr.model import alignment, ctc, encoder
 from nanoasr.model.config import Config
 from nanoasr.model.spec import expected_tensors
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
     cfg, frames = ctc.CtcConfig(), int(round(args.seconds / ctc.FRAME_S))
     feats = rng.standard_normal((1, frames, 560), dtype=np.float32)
     targets = rng.integers(0, cfg.blank_id, args.tokens).tolist()
-    with backend_mod.threads(args.threads):
+    with host.threads(args.threads):
         for _ in range(args.repeats):  # the first includes numba's compilation
             t0 = time.perf_counter()
             mask = np.ones((1, frames), bool)

@@ -89,17 +89,17 @@ def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict
     if dtype == "bf16" and amx.available():
         rounded = [StoredTensor(c, dtype, (rows, cols), activations="bf16") for c in copies]
         time.sleep(0.3)
-        with backend.threads(None, numba_products=True):  # BLAS kept to one thread, as the model keeps it
+        with host.threads(None, numba_products=True):  # BLAS kept to one thread, as the model keeps it
             ms["AMX bf16"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), rounded, reps)
     if dtype == "bf16" and bf16_gemm.available():
         time.sleep(0.3)
-        with backend.threads(None, numba_products=True):
+        with host.threads(None, numba_products=True):
             ms["bf16 GEMM"] = per_call_ms(lambda w: bf16_gemm.products(x, amx.weight_rows(w.data), out),
                                           stored, reps)
     if host_path() is not None and dtype in MATVEC_INT8_KINDS:
         int8 = [StoredTensor(c, dtype, (rows, cols), activations="int8") for c in copies]
         time.sleep(0.3)
-        with backend.threads(None, numba_products=True):  # as the model runs it
+        with host.threads(None, numba_products=True):  # as the model runs it
             ms["int8 GEMM"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), int8, reps)
     ms["widen+BLAS"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), stored, reps)
     ms["BLAS f32"] = per_call_ms(lambda w: x @ w.T, wides, reps)

@@ -33,7 +33,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from nanoasr.backend.pages import in_huge_pages  # noqa: E402
+from nanoasr.backend.host import in_huge_pages  # noqa: E402
 from nanoasr.kernels import stored  # noqa: E402
 from nanoasr.kernels.int8 import dot as int8_dot  # noqa: E402
 

@@ -9,13 +9,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanoasr.backend import array_module, to_numpy
 from nanoasr.errors import ModelError
 from nanoasr.model.adaptor import transformer_block
 from nanoasr.model.ctc_vocab import CtcVocabulary
 from nanoasr.model.layouts import funasr_transformer_name
 from nanoasr.ops import linear
 from nanoasr.tensor import StoredTensor
+from nanoasr.xp import array_module, to_numpy
 
 VOCAB_FILE = "multilingual.tiktoken"
 HOLDERS = ("only the ModelScope copy of FunAudioLLM/Fun-ASR-Nano-2512's model.pt has it (with "

@@ -9,7 +9,7 @@ columns and group of 16 rows, 16 lines of 64 bytes, line p holding columns 2p an
 rows (a transpose of the 16 rows' words in registers). A kernel call takes 8 rows of x against the panel:
 per pair of columns, each row's pair of bf16 broadcast meets the two groups' lines in one vdpbf16ps each (16
 float32 sums, each adding the two products), 16 accumulators of 16 lanes in all. The numpy twin is
-nanoasr.ops.products_xp (BLAS on the rounded operands).
+nanoasr.backend.xp.products_xp (BLAS on the rounded operands).
 
 LLVM takes the instruction's operands as vectors of bfloat, a type llvmlite's IR builder lacks:
 _bf16_pairs names it.

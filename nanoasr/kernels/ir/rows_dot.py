@@ -37,12 +37,12 @@ def rows_dot(typingctx, kind, nx, data, packed, sums, nb, r0, r1, out):
 
     def codegen(context, builder, sig, args):
         arrays = [context.make_array(sig.args[i])(context, builder, args[i]) for i in (2, 3, 4, 8)]
-        _RowsDot(builder, BLOCKS[kind.literal_value], nx.literal_value, *arrays).emit(*args[5:8])
+        RowsDot(builder, BLOCKS[kind.literal_value], nx.literal_value, *arrays).emit(*args[5:8])
         return context.get_dummy_value()
     return types.none(kind, nx, data, packed, sums, nb, r0, r1, out), codegen
 
 
-class _RowsDot:
+class RowsDot:
     """The intrinsic's code, for one block type and nx rows of x."""
 
     def __init__(self, builder, block, nx, data, packed, sums, out):

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from nanoasr.kernels.ir.blocks import BLOCKS
 from nanoasr.kernels.int8.dot import KINDS as MATVEC_INT8_KINDS
 from nanoasr.kernels.int8.dot import MATVEC_INT8
 from nanoasr.kernels.int8.gemm import GEMM_INT8
+from nanoasr.kernels.ir.blocks import BLOCKS
 from nanoasr.kernels.stored.float_rows import MATVEC
 from nanoasr.kernels.stored.widening import WIDEN
 from nanoasr.storage import STORED_NUMPY
