@@ -9,9 +9,10 @@ same arithmetic in a fraction of the time. Compiled on first use and cached on d
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from nanoasr.kernels.elementwise import rms_norm_rows, rope_rows
+from nanoasr.kernels.jit import njit
 from nanoasr.kernels.softmax import exp_nonpositive
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, objmode, prange
+from numba import objmode, prange
+
+from nanoasr.kernels.jit import njit
 
 # Below this many multiply-adds a product stays one call on the calling thread: handing it out would cost
 # about as much as it saves.

@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.extending import overload
 
 from nanoasr.kernels.attention import attend, new_position_into
@@ -22,6 +22,7 @@ from nanoasr.kernels.bf16.amx import bf16_bits
 from nanoasr.kernels.elementwise import rms_norm_rows, swiglu_rows
 from nanoasr.kernels.int8.dot import MATVEC_INT8, PATHS
 from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.jit import njit
 from nanoasr.kernels.stored.float_rows import MATVEC
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from nanoasr.kernels.jit import njit
 from nanoasr.kernels.softmax import exp_nonpositive
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from nanoasr.kernels.jit import njit
 
 _LOG2E = np.float32(1.44269504088896341)
 _LN2_HI = np.float32(0.693359375)  # ln 2 = _LN2_HI + _LN2_LO; n * _LN2_HI is exact for |n| < 2^9

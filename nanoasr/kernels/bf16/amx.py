@@ -23,13 +23,14 @@ from functools import cache
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nanoasr.kernels import target
 from nanoasr.kernels.ir.vector import (F32, I8, I32, i64, lanes, load_vector, store_first, store_vector,
                                        transposed)
+from nanoasr.kernels.jit import njit
 
 ROWS = 32  # rows of W per panel: two tiles of 16
 COLS = 32  # columns per tile step: 64 bytes of bf16

@@ -22,7 +22,7 @@ from functools import cache
 import numpy as np
 from llvmlite import ir
 from llvmlite.ir import types as ir_types
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -30,6 +30,7 @@ from nanoasr.kernels import target
 from nanoasr.kernels.bf16 import amx
 from nanoasr.kernels.ir.vector import (I8, I32, V16, i64, load_vector, prefetch, splat, store_rows,
                                        store_vector, transposed)
+from nanoasr.kernels.jit import njit
 
 PANEL = 32  # weight rows a task packs: two groups of 16
 X_ROWS = 8  # rows of x per kernel call: 16 accumulators of the 32 AVX-512 registers

@@ -22,7 +22,7 @@ from functools import cache
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -33,6 +33,7 @@ from nanoasr.kernels.ir.rows_dot import ROWS, RowsDot
 from nanoasr.kernels.ir.vector import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
                                        load_vector, mac, pad16, pick, prefetch, splat, store_vector,
                                        unrolled_loop)
+from nanoasr.kernels.jit import njit
 
 PATHS = ("vnni", "avx2")
 KINDS = ("q8_0", "q4_k", "q6_k")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -37,6 +37,7 @@ from nanoasr.kernels.ir.quant_blocks import f16x8
 from nanoasr.kernels.ir.vector import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
                                        load_vector, mac, prefetch, splat, store_rows, store_vector,
                                        transposed)
+from nanoasr.kernels.jit import njit
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
 X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 16 lanes

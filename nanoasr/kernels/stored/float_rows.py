@@ -12,10 +12,11 @@ key also holds the digest of the kernel sources (jit.py), so an edit to the IR t
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from nanoasr.kernels.ir.blocks import BLOCKS
 from nanoasr.kernels.ir.rows_dot import ROWS, rows_dot
+from nanoasr.kernels.jit import njit
 
 _REASSOC = {"reassoc", "contract"}  # lets the vectoriser keep per-lane partial sums
 

@@ -9,12 +9,13 @@ as float_rows.py's are.
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nanoasr.kernels.ir.blocks import BLOCKS
 from nanoasr.kernels.ir.vector import I8, i64, lanes, store_vector
+from nanoasr.kernels.jit import njit
 
 
 @intrinsic(prefer_literal=True)
