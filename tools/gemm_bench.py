@@ -42,8 +42,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from nanoasr import backend  # noqa: E402
 from nanoasr.backend import cpu as cpu_backend  # noqa: E402
+from nanoasr.backend import host  # noqa: E402
 from nanoasr.kernels import stored as stored_kernels  # noqa: E402
 from nanoasr.kernels.bf16 import amx  # noqa: E402
 from nanoasr.kernels.bf16 import avx512 as bf16_gemm  # noqa: E402
