@@ -19,6 +19,7 @@ import numpy as np
 from nanoasr import backend as backend_mod
 from nanoasr import timestamps
 from nanoasr.audio.fbank import REFERENCES
+from nanoasr.backend import host
 from nanoasr.checkpoints import ctc
 from nanoasr.checkpoints.checkpoint import Checkpoint
 from nanoasr.checkpoints.load import load_checkpoint
@@ -172,7 +173,7 @@ class Model:
     def thread_scope(self, threads: int | None = None):
         """A context in which this model's stages compute with its CPU threads (numba's and BLAS's; see
         Backend.numba_products), or with `threads` of them where given (a caller sharing the cores out)."""
-        return backend_mod.threads(threads or self.threads, self._numba_products)
+        return host.threads(threads or self.threads, self._numba_products)
 
     def check_options(self, language: str | None = None, word_timestamps: bool = False) -> None:
         """OptionError for what this model cannot do, before any audio is read: a language it was not trained

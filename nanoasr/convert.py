@@ -31,7 +31,7 @@ from nanoasr.tensor import StoredTensor
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
               "bf16": LlamaFileType.MOSTLY_BF16,
               "q8_0": LlamaFileType.MOSTLY_Q8_0, "q4_k_m": LlamaFileType.MOSTLY_Q4_K_M}
-TARGETS = tuple(FILE_TYPES)
+TARGETS = ("f32", "f16", "bf16") + quantize.MIXES  # matrices stored as they are, or a quantized mix
 
 
 # --- tensors: the storage mix, encoding and the error report --------------------------------------------

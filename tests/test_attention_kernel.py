@@ -8,7 +8,8 @@ import numba
 import numpy as np
 import pytest
 
-from nanoasr import backend, ops
+from nanoasr import ops
+from nanoasr.backend import host
 from nanoasr.kernels import blas_split, elementwise
 from nanoasr.kernels.attention import decode_attention, new_position
 from nanoasr.model import decoder
@@ -247,7 +248,7 @@ def test_heads_shared_among_numba_threads_give_the_bits_of_one_blas_call(monkeyp
     rng = np.random.default_rng(heads)
     q, k = (rng.standard_normal((batch, 37, heads * 16)).astype(np.float32) for _ in range(2))
     split = lambda x: x.reshape(batch, 37, heads, 16).transpose(0, 2, 1, 3)  # noqa: E731
-    with backend.threads(2):
+    with host.threads(2):
         got = blas_split.products(split(q), split(k))
     np.testing.assert_array_equal(got, split(q) @ np.swapaxes(split(k), -1, -2))
     assert blas_split.products(split(q)[:, :1], split(k)[:, :1]) is None  # one head: nothing to share
@@ -268,7 +269,7 @@ def test_attention_inside_numba_products_shares_out_its_heads_for_the_same_bits(
     prompt = prefill_case(kv_heads=4, group=2, n=300, start=0, hd=64, seed=3)
     alone = ops.attention(q, k, v), decoder._prefill_attention(*prompt, 2)
     assert calls == []
-    with backend.threads(2, numba_products=True):
+    with host.threads(2, numba_products=True):
         shared = ops.attention(q, k, v), decoder._prefill_attention(*prompt, 2)
         small = ops.attention(q[:, :, :20], k[:, :, :20], v[:, :, :20])
     assert len(calls) == 4 and all(shape[0] == 1 for shape in calls)

@@ -1,17 +1,18 @@
 """bf16 activations: rows rounded to bf16 (as torch rounds them) times BF16 weights, and attention's operands
 likewise in the many-row forwards, with float32 sums: on AMX tiles where this CPU has them
-(nanoasr/kernels/amx.py), else on the bf16 GEMM where it has AVX512-BF16 (nanoasr/kernels/bf16_gemm.py),
-else BLAS on the rounded operands (nanoasr.ops.products_xp). The same tests run on any path; each checks
-which one ran."""
+(nanoasr/kernels/bf16/amx.py), else on the bf16 GEMM where it has AVX512-BF16
+(nanoasr/kernels/bf16/avx512.py), else BLAS on the rounded operands (nanoasr.backend.xp.products_xp). The same
+tests run on any path; each checks which one ran."""
 import numpy as np
 import pytest
 
-from nanoasr import ops
 from nanoasr.api import Model
-from nanoasr.backend import CPU, with_activations
+from nanoasr.backend import CPU, with_activations, xp
 from nanoasr.backend import cpu as cpu_backend
 from nanoasr.cli import serve, transcribe
-from nanoasr.kernels import amx, bf16_gemm, target
+from nanoasr.kernels import target
+from nanoasr.kernels.bf16 import amx
+from nanoasr.kernels.bf16 import avx512 as bf16_gemm
 from nanoasr.tensor import StoredTensor
 from tools.lib.parity import stage_outputs, teacher_forced_logits
 from tools.lib.synth import speech_like
@@ -65,7 +66,7 @@ def test_rows_round_to_bf16_as_torch_does():
     above = (high | 0x8001).view(np.float32)
     carry = (np.uint32(0x3F7FFFFF) - rng.integers(0, 0x7FFF, 64).astype(np.uint32)).view(np.float32)
     x = np.concatenate([halfway, -halfway, above, carry, rng.standard_normal(4096).astype(np.float32)])
-    assert np.array_equal(ops.rows_bf16_xp(x[None]), torch_bf16(x[None]))
+    assert np.array_equal(xp.rows_bf16_xp(x[None]), torch_bf16(x[None]))
     bits = amx.bf16_rows(np.tile(x, (3, 1)))[0, 0]  # the numba rounding, padded to multiples of 32
     assert bits.shape == (32, -(-len(x) // 32) * 32) and not bits[3:].any() and not bits[:, len(x):].any()
     assert np.array_equal((bits[:3, :len(x)].astype(np.uint32) << 16).view(np.float32),
@@ -286,24 +287,24 @@ def test_rows_split_among_numba_threads_are_the_serial_rows():
 def test_numba_products_scope_keeps_blas_to_one_thread():
     from threadpoolctl import threadpool_info
 
-    from nanoasr import backend
+    from nanoasr.backend import host
 
     def blas_threads():
         return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
 
     before = blas_threads()
-    with backend.threads(2, numba_products=True):
-        assert backend.NUMBA_PRODUCTS.get() and blas_threads() == {1}
-    assert not backend.NUMBA_PRODUCTS.get() and blas_threads() == before
-    with backend.threads(2):
-        assert not backend.NUMBA_PRODUCTS.get() and blas_threads() == {2}
+    with host.threads(2, numba_products=True):
+        assert host.NUMBA_PRODUCTS.get() and blas_threads() == {1}
+    assert not host.NUMBA_PRODUCTS.get() and blas_threads() == before
+    with host.threads(2):
+        assert not host.NUMBA_PRODUCTS.get() and blas_threads() == {2}
 
 
 def test_bf16_attention_products_share_their_heads_out_where_numba_runs_the_products(monkeypatch):
     """Where numba's threads run the products (and BLAS is kept to one thread) attention's bf16 products,
     where neither the tiles nor the bf16 GEMM take them, round their operands and share the heads among
     numba's threads: the twin's bits."""
-    from nanoasr import backend
+    from nanoasr.backend import host
     from nanoasr.kernels import blas_split
 
     monkeypatch.setattr(amx, "available", lambda: False)
@@ -312,6 +313,6 @@ def test_bf16_attention_products_share_their_heads_out_where_numba_runs_the_prod
     monkeypatch.setattr(blas_split, "products", lambda a, b: calls.append(a.shape) or real(a, b))
     rng = np.random.default_rng(5)
     q, k = (rng.standard_normal((1, 4, 300, 128)).astype(np.float32) for _ in range(2))
-    with backend.threads(2, numba_products=True):
+    with host.threads(2, numba_products=True):
         got = cpu_backend.products(q, k, "bf16")
-    assert calls == [q.shape] and np.array_equal(got, ops.products_xp(q, k, "bf16"))
+    assert calls == [q.shape] and np.array_equal(got, xp.products_xp(q, k, "bf16"))

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from nanoasr import backend, ops
+from nanoasr.backend import host, xp
 from nanoasr.backend import cpu as cpu_table
-from nanoasr.kernels import attention, cpu, elementwise, softmax
+from nanoasr.kernels import attention, elementwise, softmax, stored
 from nanoasr.tensor import StoredTensor, take_rows, widen
 from tests.test_attention_kernel import new_position_case
 
@@ -68,7 +69,7 @@ def test_cpu_ops_reach_the_kernel_when_its_guard_holds(monkeypatch, op, dtype, c
     module, rest, shape = CASES[op]
     x = shaped(shape, dtype, contiguous)
     assert x.flags.c_contiguous == contiguous
-    kernel, twin = record(monkeypatch, module, op), record(monkeypatch, ops, op + "_xp")
+    kernel, twin = record(monkeypatch, module, op), record(monkeypatch, xp, op + "_xp")
     getattr(ops, op)(x, *rest())
     # softmax and swiglu overwrite their input, so they take only its own float32 C-contiguous memory;
     # the other kernels copy a strided input and take any float32 layout
@@ -81,7 +82,7 @@ def test_cpu_ops_reach_the_kernel_when_its_guard_holds(monkeypatch, op, dtype, c
     (np.float32, True, False, True), (np.float32, True, True, True), (np.float32, False, True, False),
     (np.float64, True, True, False)])
 def test_a_linear_layers_bias_goes_to_the_kernel_for_float32(monkeypatch, dtype, bias, relu, to_kernel):
-    kernel, twin = record(monkeypatch, elementwise, "add_bias"), record(monkeypatch, ops, "add_bias_xp")
+    kernel, twin = record(monkeypatch, elementwise, "add_bias"), record(monkeypatch, xp, "add_bias_xp")
     x, w, b = f32(3, 8).astype(dtype), f32(5, 8, seed=1).astype(dtype), f32(5, seed=2).astype(dtype)
     y = ops.linear(x, w, b if bias else None, relu)
     expected = x @ w.T + (b if bias else 0)
@@ -91,11 +92,11 @@ def test_a_linear_layers_bias_goes_to_the_kernel_for_float32(monkeypatch, dtype,
 
 @pytest.mark.parametrize("rows, route", [(1, "matvec"), (8, "matvec"), (9, "widen")])
 def test_stored_weights_stream_through_matvec_for_few_rows_and_widen_for_many(monkeypatch, rows, route):
-    matvec, wide = record(monkeypatch, cpu, "matvec"), record(monkeypatch, cpu, "widen")
+    matvec, wide = record(monkeypatch, stored, "matvec"), record(monkeypatch, stored, "widen")
     w = f32(16, 64, seed=1)
-    stored = StoredTensor((w.view(np.uint32) >> 16).astype(np.uint16), "bf16", w.shape)
+    bf16 = StoredTensor((w.view(np.uint32) >> 16).astype(np.uint16), "bf16", w.shape)
     x = f32(rows, 64)
-    np.testing.assert_allclose(ops.linear(x, stored), x @ widen(stored).T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ops.linear(x, bf16), x @ widen(bf16).T, rtol=1e-5, atol=1e-5)
     assert (len(matvec), len(wide)) == ((1, 0) if route == "matvec" else (0, 1))
 
 
@@ -109,7 +110,7 @@ def decode_case(dtype):
 @pytest.mark.parametrize("dtype, to_kernel", [(np.float32, True), (np.float64, False)])
 def test_decode_attention_goes_to_the_kernel_for_a_float32_cache(monkeypatch, dtype, to_kernel):
     kernel = record(monkeypatch, attention, "decode_attention")
-    twin = record(monkeypatch, ops, "decode_attention_xp")
+    twin = record(monkeypatch, xp, "decode_attention_xp")
     ops.decode_attention(*decode_case(dtype))
     assert (len(kernel), len(twin)) == ((1, 0) if to_kernel else (0, 1))
 
@@ -120,7 +121,7 @@ def test_the_decode_attention_twin_equals_the_kernel():
     q, keys, values, lengths = decode_case(np.float32)
     keys[0, :, 4:], values[0, :, 4:] = 50.0, 1e6
     expected = attention.decode_attention(q, keys, values, lengths)
-    np.testing.assert_allclose(ops.decode_attention_xp(q, keys, values, lengths), expected, rtol=1e-5,
+    np.testing.assert_allclose(xp.decode_attention_xp(q, keys, values, lengths), expected, rtol=1e-5,
                                atol=1e-6)
 
 
@@ -132,18 +133,18 @@ def test_elementwise_kernels_split_rows_only_where_numba_runs_the_products_and_t
     more than they do."""
     # compiled before the spies stand in for the kernels (the split one calls the serial one as a global)
     elementwise.rms_norm(np.ones((2, 64), np.float32), np.ones(64, np.float32), 1e-6, split=True)
-    calls = {name: record(monkeypatch, elementwise, name) for name in ("_rms_norm_split", "_rms_norm_rows")}
+    calls = {name: record(monkeypatch, elementwise, name) for name in ("_rms_norm_split", "rms_norm_rows")}
     x = np.ones((rows, 64), np.float32)
-    with backend.threads(2, numba_products=numba_products):
+    with host.threads(2, numba_products=numba_products):
         ops.rms_norm(x, np.ones(64, np.float32), 1e-6)
-    assert (len(calls["_rms_norm_split"]), len(calls["_rms_norm_rows"])) == ((1, 0) if split else (0, 1))
+    assert (len(calls["_rms_norm_split"]), len(calls["rms_norm_rows"])) == ((1, 0) if split else (0, 1))
     assert (rows * 64 >= cpu_table.SPLIT_VALUES) == (rows == 512)
 
 
 @pytest.mark.parametrize("dtype, to_kernel", [(np.float32, True), (np.float64, False)])
 def test_new_position_goes_to_the_kernel_for_float32_arrays(monkeypatch, dtype, to_kernel):
     kernel = record(monkeypatch, attention, "new_position")
-    twin = record(monkeypatch, ops, "new_position_xp")
+    twin = record(monkeypatch, xp, "new_position_xp")
     q, k, v, qn, kn, eps, cos, sin, scale, keys, values, positions = new_position_case()
     keys = keys.astype(dtype)
     ops.new_position(q.astype(dtype), k, v, qn, kn, eps, cos, sin, scale, keys, values, positions)
@@ -156,7 +157,7 @@ def test_the_new_position_twin_equals_the_kernel():
     host = [a.copy() if isinstance(a, np.ndarray) else a for a in case]
     got = attention.new_position(*host)
     twin = [a.copy() if isinstance(a, np.ndarray) else a for a in case]
-    want = ops.new_position_xp(*twin)
+    want = xp.new_position_xp(*twin)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     for cache in (-3, -2):
         np.testing.assert_allclose(host[cache], twin[cache], rtol=1e-6, atol=1e-6)
@@ -167,16 +168,16 @@ def test_the_array_module_widening_equals_the_hosts(dtype):
     w = f32(6, 32)
     data = {"f32": w, "f16": w.astype(np.float16), "bf16": (w.view(np.uint32) >> 16).astype(np.uint16)}[dtype]
     t = StoredTensor(data, dtype, w.shape)
-    np.testing.assert_array_equal(ops.widen_xp(t), widen(t))
-    np.testing.assert_array_equal(ops.take_rows_xp(t, [5, 0, 5]), take_rows(t, [5, 0, 5]))
+    np.testing.assert_array_equal(xp.widen_xp(t), widen(t))
+    np.testing.assert_array_equal(xp.take_rows_xp(t, [5, 0, 5]), take_rows(t, [5, 0, 5]))
     x = f32(9, 32, seed=1)
-    np.testing.assert_array_equal(ops.stored_matmul_xp(x, t), x @ widen(t).T)
+    np.testing.assert_array_equal(xp.stored_matmul_xp(x, t), x @ widen(t).T)
 
 
 def test_the_array_module_path_refuses_block_types_it_cannot_widen():
     t = StoredTensor(np.zeros((2, 34), np.uint8), "q8_0", (2, 32))
     with pytest.raises(ValueError, match="widens the dense storage types .*; got q8_0"):
-        ops.widen_xp(t)
+        xp.widen_xp(t)
 
 
 def test_arrays_find_their_backend_and_others_are_refused(tmp_path):
@@ -198,10 +199,10 @@ def test_cpu_placement_widens_vectors_once_and_keeps_matrices_stored():
 
 def test_threads_are_scoped_and_restored():
     before = numba.get_num_threads()
-    with backend.threads(1):
+    with host.threads(1):
         assert numba.get_num_threads() == 1
     assert numba.get_num_threads() == before
-    with backend.threads(None):
+    with host.threads(None):
         assert numba.get_num_threads() == before
 
 
@@ -217,7 +218,7 @@ def test_a_models_thread_scope_takes_another_count(tiny_model):
 def test_cpu_masking_skips_the_masked_copy_when_nothing_is_masked(monkeypatch):
     """The CPU sees for free that a mask keeps everything (an unpadded batch); the twin, which CUDA runs,
     always copies, since asking would read the mask back to the host."""
-    twin = record(monkeypatch, ops, "mask_inplace_xp")
+    twin = record(monkeypatch, xp, "mask_inplace_xp")
     scores = f32(2, 3)
     kept = scores.copy()
     assert ops.mask_inplace(scores, np.ones((2, 3), bool)) is scores and twin == []

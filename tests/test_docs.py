@@ -122,7 +122,7 @@ def make_inputs(command: str, folder: Path) -> None:
     """The audio files the command names, a recordings/ tree and the text files the docs use."""
     import soundfile
 
-    from tools.synth import speech_like
+    from tools.lib.synth import speech_like
 
     wave = speech_like(2, seed=1)
     for name in set(AUDIO.findall(command)) - {"missing.wav"}:

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from nanoasr import backend
+from nanoasr.backend import host
 from nanoasr.kernels import elementwise as kernels
-from nanoasr.ops import (add_bias_xp, apply_rope_xp, fsmn_xp, layer_norm_xp, rms_norm_xp, rope_inv_freq,
-                         rope_tables, swiglu_xp)
+from nanoasr.backend.xp import add_bias_xp, apply_rope_xp, fsmn_xp, layer_norm_xp, rms_norm_xp, swiglu_xp
+from nanoasr.ops import rope_inv_freq, rope_tables
 
 
 @pytest.mark.parametrize("shape", [(1, 7, 512), (2, 33, 560), (3, 1024)])
@@ -43,7 +43,7 @@ def test_fsmn_equals_its_numpy_twin(batch, frames, depth, taps, split):
     v = rng.standard_normal((batch, frames, depth)).astype(np.float32)
     v[:, frames // 2 + 1:] *= rng.integers(0, 2, (batch, 1, 1)).astype(np.float32)  # padded rows are zeros
     kernel = rng.standard_normal((depth, 1, taps)).astype(np.float32)
-    with backend.threads(2):
+    with host.threads(2):
         np.testing.assert_array_equal(kernels.fsmn(v, kernel, split=split), fsmn_xp(v, kernel))
 
 

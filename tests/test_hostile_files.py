@@ -27,7 +27,7 @@ from nanoasr.audio import io as audio_io
 from nanoasr.audio.io import DEFAULT_MAX_DURATION_S, SAMPLE_RATE, load_audio
 from nanoasr.cli import batch, one_line, transcribe
 from nanoasr.errors import AudioError
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 ROOT = Path(__file__).resolve().parents[1]
 # A newline, a tab and a byte that is not UTF-8 in one file name each (the last as os.fsdecode gives it)

@@ -1,4 +1,4 @@
-"""Weights read into huge pages (Model.load(huge_pages=True), backend/pages.py): the same values, read from
+"""Weights read into huge pages (Model.load(huge_pages=True), backend/host.py): the same values, read from
 the checkpoint's file where it maps them, one aligned read-only buffer, and the same transcription."""
 import sys
 
@@ -7,7 +7,8 @@ import pytest
 
 from nanoasr import convert
 from nanoasr.api import Model
-from nanoasr.backend import CPU, pages, with_activations
+from nanoasr.backend import CPU, with_activations
+from nanoasr.backend import host as pages
 from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.errors import OptionError
 from nanoasr.tensor import StoredTensor

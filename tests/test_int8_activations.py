@@ -1,6 +1,6 @@
 """The activations option: Model(activations="int8") sends the products over block-quantized weights (Q8_0,
-Q4_K, Q6_K) to the integer kernels (few rows: int8_dot; many rows: the int8 GEMM, where AVX512-VNNI runs it),
-"exact" never does, and the CLI commands take it."""
+Q4_K, Q6_K) to the integer kernels (few rows: int8/dot.py; many rows: the int8 GEMM, where AVX512-VNNI runs
+it), "exact" never does, and the CLI commands take it."""
 import numpy as np
 import pytest
 
@@ -10,7 +10,7 @@ from nanoasr.backend import cpu as cpu_backend
 from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.cli import serve, transcribe
 from nanoasr.errors import OptionError
-from nanoasr.kernels import cpu
+from nanoasr.kernels import stored
 from tools.lib.parity import stage_outputs, teacher_forced_logits
 from tools.lib.synth import speech_like
 
@@ -29,7 +29,7 @@ def forced_logits(model, steps=6):
 
 def counting_int8_calls(monkeypatch) -> list:
     """Rows of x and path ("gemm" for the many-row product) of each integer product."""
-    calls, few, many = [], cpu.matvec_int8, cpu.gemm_int8
+    calls, few, many = [], stored.matvec_int8, stored.gemm_int8
 
     def spy(x, data, dtype, rows, cols, out, path):
         calls.append((len(x), path))
@@ -38,8 +38,8 @@ def counting_int8_calls(monkeypatch) -> list:
     def gemm_spy(x, data, dtype, rows, cols, out, path):
         calls.append((len(x), "gemm"))
         return many(x, data, dtype, rows, cols, out, path)
-    monkeypatch.setattr(cpu_backend.cpu, "matvec_int8", spy)
-    monkeypatch.setattr(cpu_backend.cpu, "gemm_int8", gemm_spy)
+    monkeypatch.setattr(cpu_backend.stored, "matvec_int8", spy)
+    monkeypatch.setattr(cpu_backend.stored, "gemm_int8", gemm_spy)
     return calls
 
 

@@ -1,17 +1,17 @@
-"""The int8-activation products over Q8_0, Q4_K and Q6_K weights (nanoasr/kernels/int8_dot.py, and the GEMM
-for many rows in int8_gemm.py) against their numpy twin in nanoasr.ops, on every path this CPU can run (AVX2
+"""The int8-activation products over Q8_0, Q4_K and Q6_K weights (nanoasr/kernels/int8/dot.py, and the GEMM
+for many rows in int8/gemm.py) against their numpy twin in nanoasr.ops, on every path this CPU can run (AVX2
 forced where VNNI is present too)."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from nanoasr import ops
-from nanoasr.kernels import cpu
-from nanoasr.kernels.int8_dot import KINDS, PATHS, host_path
+from nanoasr.backend import xp
+from nanoasr.kernels import stored
+from nanoasr.kernels.int8.dot import KINDS, PATHS, host_path
 from nanoasr.tensor import StoredTensor
 
-# "gemm_vnni", "gemm_avx2": cpu.gemm_int8, the many-row product, on each path
+# "gemm_vnni", "gemm_avx2": stored.gemm_int8, the many-row product, on each path
 RUNNABLE = {"vnni": ["vnni", "avx2", "gemm_vnni", "gemm_avx2"], "avx2": ["avx2", "gemm_avx2"],
             None: []}[host_path()]
 GEMMS = tuple(f"gemm_{p}" for p in PATHS)
@@ -44,8 +44,8 @@ def random_weights(rng, kind, rows, cols):
 def product(x, data, kind, rows, path):
     out = np.full((len(x), rows), np.nan, np.float32)
     if path in GEMMS:
-        return cpu.gemm_int8(x, data, kind, rows, x.shape[1], out, path.removeprefix("gemm_"))
-    return cpu.matvec_int8(x, data, kind, rows, x.shape[1], out, path)
+        return stored.gemm_int8(x, data, kind, rows, x.shape[1], out, path.removeprefix("gemm_"))
+    return stored.matvec_int8(x, data, kind, rows, x.shape[1], out, path)
 
 
 @paths
@@ -61,15 +61,15 @@ def test_int8_product_matches_twin(path, n, kind, rows, cols):
     x = rng.standard_normal((n, cols)).astype(np.float32) * rng.uniform(0.1, 10, (n, 1)).astype(np.float32)
     w = StoredTensor(data, kind, (rows, cols))
     got = product(x, data, kind, rows, path)
-    want = ops.int8_matmul_xp(x, w)
-    _, scales, mins, dx, xs = ops.int8_block_sums_xp(x, w)
-    q, _ = ops.quantize_rows_xp(x)
-    wq, _, _ = ops.int8_weight_blocks_xp(w)
+    want = xp.int8_matmul_xp(x, w)
+    _, scales, mins, dx, xs = xp.int8_block_sums_xp(x, w)
+    q, _ = xp.quantize_rows_xp(x)
+    wq, _, _ = xp.int8_weight_blocks_xp(w)
     magnitude = (np.einsum("nkc,okc->nok", np.abs(q.astype(np.int64)).reshape(n, -1, 16), np.abs(wq))
                  * np.abs(scales[None] * np.repeat(dx, 2, axis=1)[:, None])).sum(axis=-1)
     bound = (cols // 32 + 32) * 2.0 ** -24 * (magnitude + np.abs(mins[None] * xs[:, None]).sum(axis=-1))
     assert np.all(np.abs(got - want) <= bound)
-    exact = cpu.matvec(x, data, kind, rows, cols, np.empty((n, rows), np.float32))
+    exact = stored.matvec(x, data, kind, rows, cols, np.empty((n, rows), np.float32))
     assert not np.all(np.abs(exact - want) <= bound)  # the bound tells int8 activations from float ones
 
 
@@ -115,7 +115,7 @@ def test_twin_weight_blocks_are_the_stored_values(kind):
     """quants * scales - mins is what the gguf package dequantizes, exactly."""
     rng = np.random.default_rng(7)
     data = random_weights(rng, kind, 5, 512)
-    quants, scales, mins = ops.int8_weight_blocks_xp(StoredTensor(data, kind, (5, 512)))
+    quants, scales, mins = xp.int8_weight_blocks_xp(StoredTensor(data, kind, (5, 512)))
     values = (quants.astype(np.float32) * scales[..., None]).reshape(5, -1, 32) - mins[..., None]
     values = values.reshape(5, 512)
     assert np.array_equal(values, dequantize(data, GGMLQuantizationType[kind.upper()]))
@@ -143,7 +143,7 @@ def test_quantized_rows_round_to_the_block_scale():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((3, 96)).astype(np.float32)
     x[1, 32:64] = 0
-    q, scales = ops.quantize_rows_xp(x)
+    q, scales = xp.quantize_rows_xp(x)
     blocks = x.reshape(3, 3, 32)
     assert np.array_equal(scales, np.abs(blocks).max(-1) / np.float32(127))
     assert np.array_equal(np.abs(q).max(-1), np.where(scales > 0, 127, 0))
@@ -152,10 +152,10 @@ def test_quantized_rows_round_to_the_block_scale():
 
 def test_kernel_quantization_matches_the_twin_bit_for_bit():
     """The vector quantizer (int8_dot.quantize_block) in both layouts, the decode kernels' and the GEMM's
-    (serial and parallel), against ops.quantize_rows_xp: scales, int8 and the sums the kernels derive, on
+    (serial and parallel), against xp.quantize_rows_xp: scales, int8 and the sums the kernels derive, on
     blocks of every magnitude, an all-zero block, negative zeros and exact ties (ties to even)."""
-    from nanoasr.kernels.int8_dot import _quantized
-    from nanoasr.kernels.int8_gemm import _quantized_rows, _quantized_rows_parallel
+    from nanoasr.kernels.int8.dot import quantized
+    from nanoasr.kernels.int8.gemm import quantized_rows, quantized_rows_parallel
 
     rng = np.random.default_rng(5)
     n, nb = 11, 6
@@ -164,15 +164,15 @@ def test_kernel_quantization_matches_the_twin_bit_for_bit():
     x[0, :32] = 0
     x[1, 32:64] = -0.0
     x[2, 64:96] = np.concatenate([[127.0], np.arange(-16, 15) + 0.5])  # scale 1: every other value a tie
-    want_q, want_d = ops.quantize_rows_xp(x)
+    want_q, want_d = xp.quantize_rows_xp(x)
     assert np.array_equal(np.rint(x[2, 65:96]), want_q[2, 2, 1:])  # the twin rounds the ties to even
-    for quantized_rows in (_quantized_rows, _quantized_rows_parallel):
+    for quantized_rows in (quantized_rows, quantized_rows_parallel):
         q, d, sums = quantized_rows(x, nb)
         assert np.array_equal(q[:n].reshape(n, nb, 32), want_q) and np.array_equal(d[:n], want_d)
         assert np.array_equal(sums[:n], want_q.reshape(n, 2 * nb, 16).sum(-1, dtype=np.int32))
         assert not q[n:].any() and not d[n:].any()  # the padding rows
     for rows in (1, 4, 8):
-        q, d, bias, block_sums = _quantized(x[:rows], nb)  # [pairs, nx, 64], [pairs, nx, 2], ...
+        q, d, bias, block_sums = quantized(x[:rows], nb)  # [pairs, nx, 64], [pairs, nx, 2], ...
         got_q = q[:, :rows].reshape(nb // 2, rows, 2, 32).transpose(1, 0, 2, 3).reshape(rows, nb, 32)
         got_d = d[:, :rows].transpose(1, 0, 2).reshape(rows, nb)
         assert np.array_equal(got_q, want_q[:rows]) and np.array_equal(got_d, want_d[:rows])
@@ -184,19 +184,19 @@ def test_kernel_quantization_matches_the_twin_bit_for_bit():
 
 def test_int8_product_refuses_wrong_arguments():
     with pytest.raises(ValueError, match="q8_0 data"):
-        cpu.matvec_int8(np.zeros((1, 64), np.float32), np.zeros((4, 64), np.uint8), "q8_0", 4, 64,
+        stored.matvec_int8(np.zeros((1, 64), np.float32), np.zeros((4, 64), np.uint8), "q8_0", 4, 64,
                         np.zeros((1, 4), np.float32), "avx2")
     with pytest.raises(ValueError, match="out must have"):
-        cpu.matvec_int8(np.zeros((2, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
+        stored.matvec_int8(np.zeros((2, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
                         np.zeros((1, 4), np.float32), "avx2")
     with pytest.raises(ValueError, match="int8 activations need q8_0, q4_k or q6_k weights; got 'bf16'"):
-        cpu.matvec_int8(np.zeros((1, 256), np.float32), np.zeros((4, 256), np.uint16), "bf16", 4, 256,
+        stored.matvec_int8(np.zeros((1, 256), np.float32), np.zeros((4, 256), np.uint16), "bf16", 4, 256,
                         np.zeros((1, 4), np.float32), "avx2")
     with pytest.raises(ValueError, match="int8 activations need q8_0, q4_k or q6_k weights; got 'f16'"):
-        cpu.gemm_int8(np.zeros((9, 256), np.float32), np.zeros((4, 256), np.uint16), "f16", 4, 256,
+        stored.gemm_int8(np.zeros((9, 256), np.float32), np.zeros((4, 256), np.uint16), "f16", 4, 256,
                       np.zeros((9, 4), np.float32), "vnni")
     with pytest.raises(ValueError, match="out must have"):
-        cpu.gemm_int8(np.zeros((9, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
+        stored.gemm_int8(np.zeros((9, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
                       np.zeros((8, 4), np.float32), "vnni")
 
 
@@ -206,8 +206,8 @@ def test_int8_product_uses_the_integer_instructions(path, kind, nbytes):
     """Compiled afresh: a driver loaded from numba's disk cache has no assembly text to show."""
     from numba import njit
 
-    from nanoasr.kernels.int8_dot import MATVEC_INT8
-    from nanoasr.kernels.int8_gemm import GEMM_INT8
+    from nanoasr.kernels.int8.dot import MATVEC_INT8
+    from nanoasr.kernels.int8.gemm import GEMM_INT8
 
     on = path.removeprefix("gemm_")
     fresh = njit(parallel=True)((GEMM_INT8 if path in GEMMS else MATVEC_INT8)[kind, on].py_func)

@@ -10,7 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize, quantize
 
-from nanoasr.kernels import cpu
+from nanoasr.kernels import stored
 
 DTYPES = ["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"]
 GGUF_TYPE = {"q8_0": GT.Q8_0, "q4_k": GT.Q4_K, "q6_k": GT.Q6_K}
@@ -22,7 +22,7 @@ TOL = 1e-5  # ||y - y_ref|| / ||y_ref|| for each row of the output
 
 def random_blocks(rng, dtype, rows, cols):
     """Random block bytes (every bit pattern of quants and packed scales) with finite f16 scale fields."""
-    per, nbytes = cpu.QK[dtype]
+    per, nbytes = stored.QK[dtype]
     raw = rng.integers(0, 256, (rows, cols // per, nbytes), dtype=np.uint8)
     for at in F16_FIELDS[dtype]:
         scale = rng.uniform(-0.05, 0.05, (rows, cols // per)).astype(np.float16)
@@ -30,7 +30,7 @@ def random_blocks(rng, dtype, rows, cols):
     return raw.reshape(rows, -1)
 
 
-def stored(rng, dtype, rows, cols):
+def stored_weight(rng, dtype, rows, cols):
     """(data, W): stored data and its float32 value from an independent oracle."""
     if dtype == "f32":
         w = rng.standard_normal((rows, cols)).astype(np.float32)
@@ -49,9 +49,9 @@ def stored(rng, dtype, rows, cols):
 @pytest.mark.parametrize("rows,cols", SHAPES)
 def test_widen_is_bit_identical(dtype, rows, cols):
     rng = np.random.default_rng(rows * cols)
-    data, w = stored(rng, dtype, rows, cols)
+    data, w = stored_weight(rng, dtype, rows, cols)
     out = np.full((rows, cols), np.nan, np.float32)
-    cpu.widen(data, dtype, rows, cols, out)
+    stored.widen(data, dtype, rows, cols, out)
     np.testing.assert_array_equal(out.view(np.uint32), w.view(np.uint32))
 
 
@@ -60,10 +60,10 @@ def test_widen_is_bit_identical(dtype, rows, cols):
 @pytest.mark.parametrize("batch", BATCHES)
 def test_matvec_matches_dequantized_matmul(dtype, rows, cols, batch):
     rng = np.random.default_rng(rows * cols + batch)
-    data, w = stored(rng, dtype, rows, cols)
+    data, w = stored_weight(rng, dtype, rows, cols)
     x = rng.standard_normal((batch, cols)).astype(np.float32)
     out = np.full((batch, rows), np.nan, np.float32)
-    cpu.matvec(x, data, dtype, rows, cols, out)
+    stored.matvec(x, data, dtype, rows, cols, out)
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
     rel = np.linalg.norm(out - ref, axis=1) / np.linalg.norm(ref, axis=1)
     assert rel.max() < TOL, f"{dtype} {rows}x{cols} B={batch}: relative error {rel.max():.2e}"
@@ -75,11 +75,11 @@ def test_a_row_of_x_gets_the_same_bits_in_any_batch(dtype):
     neighbours or on the batch size."""
     rng = np.random.default_rng(7)
     rows, cols = 256, 768
-    data, _ = stored(rng, dtype, rows, cols)
+    data, _ = stored_weight(rng, dtype, rows, cols)
     x = rng.standard_normal((8, cols)).astype(np.float32)
-    alone = cpu.matvec(x[:1], data, dtype, rows, cols, np.empty((1, rows), np.float32))
+    alone = stored.matvec(x[:1], data, dtype, rows, cols, np.empty((1, rows), np.float32))
     for batch in (2, 4, 5, 8):
-        together = cpu.matvec(x[:batch], data, dtype, rows, cols, np.empty((batch, rows), np.float32))
+        together = stored.matvec(x[:batch], data, dtype, rows, cols, np.empty((batch, rows), np.float32))
         np.testing.assert_array_equal(together[0].view(np.uint32), alone[0].view(np.uint32))
 
 
@@ -88,9 +88,9 @@ def test_a_row_of_x_gets_the_same_bits_in_any_batch(dtype):
 def test_widen_dense_rows_of_any_length(dtype, cols):
     """Dense rows need not be whole blocks of 32: the columns past the last block are widened too."""
     rng = np.random.default_rng(cols)
-    data, w = stored(rng, dtype, 37, cols)
+    data, w = stored_weight(rng, dtype, 37, cols)
     out = np.full((37, cols), np.nan, np.float32)
-    cpu.widen(data, dtype, 37, cols, out)
+    stored.widen(data, dtype, 37, cols, out)
     np.testing.assert_array_equal(out.view(np.uint32), w.view(np.uint32))
 
 
@@ -100,7 +100,7 @@ def test_q8_0_from_quantized_floats():
     data = quantize(w, GT.Q8_0)
     x = rng.standard_normal((2, 1024)).astype(np.float32)
     out = np.empty((2, 64), np.float32)
-    cpu.matvec(x, data, "q8_0", 64, 1024, out)
+    stored.matvec(x, data, "q8_0", 64, 1024, out)
     ref = x.astype(np.float64) @ dequantize(data, GT.Q8_0).T.astype(np.float64)
     assert np.abs(out - ref).max() < TOL * np.abs(ref).max()
 
@@ -112,7 +112,7 @@ def test_subnormal_and_signed_zero_scales_widen_exactly():
     data[:, :, 0:2] = bits.view(np.uint8).reshape(rows, 2, 2)
     data = data.reshape(rows, -1)
     out = np.empty((rows, cols), np.float32)
-    cpu.widen(data, "q8_0", rows, cols, out)
+    stored.widen(data, "q8_0", rows, cols, out)
     np.testing.assert_array_equal(out.view(np.uint32), dequantize(data, GT.Q8_0).view(np.uint32))
 
 
@@ -125,40 +125,40 @@ def test_every_f16_scale_is_read_exactly():
     data[:, 2] = 1
     ref = bits.view(np.float16).astype(np.float32)
     out = np.empty((bits.size, 32), np.float32)
-    cpu.widen(data, "q8_0", bits.size, 32, out)
+    stored.widen(data, "q8_0", bits.size, 32, out)
     nan = np.isnan(ref)
     np.testing.assert_array_equal(out[~nan, 0].view(np.uint32), ref[~nan].view(np.uint32))
     assert np.isnan(out[nan, 0]).all()
     x = np.zeros((1, 32), np.float32)
     x[0, 0] = 1
     y = np.empty((1, bits.size), np.float32)
-    cpu.matvec(x, data, "q8_0", bits.size, 32, y)
+    stored.matvec(x, data, "q8_0", bits.size, 32, y)
     finite = np.isfinite(ref)
     np.testing.assert_array_equal(y[0, finite], ref[finite])
 
 
 def test_matvec_writes_into_the_given_buffer():
     rng = np.random.default_rng(1)
-    data, w = stored(rng, "q8_0", 32, 64)
+    data, w = stored_weight(rng, "q8_0", 32, 64)
     x = rng.standard_normal((5, 64)).astype(np.float32)
     out = np.zeros((5, 32), np.float32)
-    assert cpu.matvec(x, data, "q8_0", 32, 64, out) is out
+    assert stored.matvec(x, data, "q8_0", 32, 64, out) is out
     np.testing.assert_allclose(out, x @ w.T, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda: cpu.matvec(np.zeros((1, 64), np.float32), np.zeros((4, 68), np.uint8), "q5_k", 4, 64,
-                        np.zeros((1, 4), np.float32)), "storage type"),
-    (lambda: cpu.matvec(np.zeros((1, 64), np.float32), np.zeros((4, 64), np.uint8), "q8_0", 4, 64,
-                        np.zeros((1, 4), np.float32)), r"uint8 \[4, 68\]"),
-    (lambda: cpu.matvec(np.zeros((1, 48), np.float32), np.zeros((4, 51), np.uint8), "q8_0", 4, 48,
-                        np.zeros((1, 4), np.float32)), "multiple of 32"),
-    (lambda: cpu.matvec(np.zeros((1, 64), np.float64), np.zeros((4, 64), np.float32), "f32", 4, 64,
-                        np.zeros((1, 4), np.float32)), "x must be"),
-    (lambda: cpu.matvec(np.zeros((2, 64), np.float32), np.zeros((4, 64), np.float32), "f32", 4, 64,
+    (lambda: stored.matvec(np.zeros((1, 64), np.float32), np.zeros((4, 68), np.uint8), "q5_k", 4, 64,
+                           np.zeros((1, 4), np.float32)), "storage type"),
+    (lambda: stored.matvec(np.zeros((1, 64), np.float32), np.zeros((4, 64), np.uint8), "q8_0", 4, 64,
+                           np.zeros((1, 4), np.float32)), r"uint8 \[4, 68\]"),
+    (lambda: stored.matvec(np.zeros((1, 48), np.float32), np.zeros((4, 51), np.uint8), "q8_0", 4, 48,
+                           np.zeros((1, 4), np.float32)), "multiple of 32"),
+    (lambda: stored.matvec(np.zeros((1, 64), np.float64), np.zeros((4, 64), np.float32), "f32", 4, 64,
+                           np.zeros((1, 4), np.float32)), "x must be"),
+    (lambda: stored.matvec(np.zeros((2, 64), np.float32), np.zeros((4, 64), np.float32), "f32", 4, 64,
                         np.zeros((1, 4), np.float32)), "out must have 2 rows"),
-    (lambda: cpu.widen(np.zeros((4, 128), np.float32)[:, ::2], "f32", 4, 64, np.zeros((4, 64), np.float32)),
-     "contiguous"),
+    (lambda: stored.widen(np.zeros((4, 128), np.float32)[:, ::2], "f32", 4, 64,
+                          np.zeros((4, 64), np.float32)), "contiguous"),
 ])
 def test_bad_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
@@ -177,13 +177,13 @@ def test_matvec_any_alignment_of_x(dtype, shift):
     """x at any alignment (the several-rows kernels pack it into an aligned buffer)."""
     rng = np.random.default_rng(shift)
     rows, cols, batch = 40, 1536, 8  # 1536 columns: three column passes of the several-rows kernels
-    data, w = stored(rng, dtype, rows, cols)
+    data, w = stored_weight(rng, dtype, rows, cols)
     buf = np.zeros(batch * cols + 32, np.float32)
     start = (-buf.ctypes.data % 64) // 4 + shift
     x = buf[start:start + batch * cols].reshape(batch, cols)
     x[:] = rng.standard_normal((batch, cols))
     out = np.full((batch, rows), np.nan, np.float32)
-    cpu.matvec(x, data, dtype, rows, cols, out)
+    stored.matvec(x, data, dtype, rows, cols, out)
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
     rel = np.linalg.norm(out - ref, axis=1) / np.linalg.norm(ref, axis=1)
     assert rel.max() < TOL, f"{dtype} shift {shift}: relative error {rel.max():.2e}"
@@ -195,10 +195,10 @@ def test_matvec_any_alignment_of_x(dtype, shift):
 def test_dense_rows_of_any_length(dtype, batch, cols):
     """Dense rows need not be whole blocks of 32: the columns past the last block are added separately."""
     rng = np.random.default_rng(cols + batch)
-    data, w = stored(rng, dtype, 37, cols)
+    data, w = stored_weight(rng, dtype, 37, cols)
     x = rng.standard_normal((batch, cols)).astype(np.float32)
     out = np.full((batch, 37), np.nan, np.float32)
-    cpu.matvec(x, data, dtype, 37, cols, out)
+    stored.matvec(x, data, dtype, 37, cols, out)
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
     rel = np.linalg.norm(out - ref, axis=1) / np.linalg.norm(ref, axis=1)
     assert rel.max() < TOL, f"{dtype} cols {cols} B={batch}: relative error {rel.max():.2e}"
@@ -209,21 +209,22 @@ CACHED_RUN = textwrap.dedent("""
     import numpy as np
     from gguf import GGMLQuantizationType as GT
     from gguf.quants import dequantize
-    from nanoasr.kernels import cpu, matvec, widen
+    from nanoasr.kernels import stored
+    from nanoasr.kernels.stored import float_rows, widening
 
     rng = np.random.default_rng(0)
     calls = {}
     for dtype, gt, scale_at in (("q8_0", GT.Q8_0, 0), ("q6_k", GT.Q6_K, 208)):
-        per, nbytes = cpu.QK[dtype]
+        per, nbytes = stored.QK[dtype]
         raw = rng.integers(0, 256, (16, 2, nbytes), dtype=np.uint8)
         raw[:, :, scale_at:scale_at + 2] = np.array([0.01], np.float16).view(np.uint8)
         data = raw.reshape(16, -1)
-        w = cpu.widen(data, dtype, 16, 2 * per, np.empty((16, 2 * per), np.float32))
+        w = stored.widen(data, dtype, 16, 2 * per, np.empty((16, 2 * per), np.float32))
         assert (w.view(np.uint32) == dequantize(data, gt).view(np.uint32)).all(), dtype
         x = rng.standard_normal((1, 2 * per)).astype(np.float32)
-        y = cpu.matvec(x, data, dtype, 16, 2 * per, np.empty((1, 16), np.float32))
+        y = stored.matvec(x, data, dtype, 16, 2 * per, np.empty((1, 16), np.float32))
         assert np.allclose(y, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4), dtype
-        for driver in (matvec.MATVEC[dtype], widen.WIDEN[dtype]):
+        for driver in (float_rows.MATVEC[dtype], widening.WIDEN[dtype]):
             calls[driver.__name__] = [sum(driver.stats.cache_hits.values()),
                                       sum(driver.stats.cache_misses.values())]
     print(json.dumps(calls))

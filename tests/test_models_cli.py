@@ -167,7 +167,7 @@ def test_doctor_json_reports_a_cached_model(hf_env, fake_hub, capsys):
     assert data["versions"]["numpy"] == __import__("numpy").__version__
     assert data["numba"]["threads"] >= 1 and isinstance(data["cpu"]["features"].get("avx2"), bool)
     assert isinstance(data["backends"]["cuda"], bool) and isinstance(data["blas"], list)
-    from nanoasr.kernels.int8_dot import host_path
+    from nanoasr.kernels.int8.dot import host_path
     assert data["kernels"]["int8_many_rows"].startswith("int8 GEMM") == (host_path() is not None)
     assert data["kernels"]["int8_decode"] == (f"int8 ({host_path()})" if host_path() else "float32 (no AVX2)")
     import llvmlite.binding as llvm

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nanoasr import convert, hub
-from nanoasr.backend import pages
+from nanoasr.backend import host as pages
 from nanoasr.formats import gguf_write, mapping
 from tests.test_gguf import random_checkpoint
 from tests.test_huge_pages import smaps_entry

@@ -4,7 +4,7 @@ import pytest
 from numba import njit
 
 from nanoasr.kernels import softmax as kernels
-from nanoasr.ops import greedy_choice_xp, softmax_inplace_xp
+from nanoasr.backend.xp import greedy_choice_xp, softmax_inplace_xp
 
 
 def _exp_each(fastmath):

@@ -166,6 +166,13 @@ def test_the_command_line_is_the_outermost_edge():
     assert importers == {"cli": ["nanoasr.__main__"], "server": ["nanoasr.cli.serve"]}
 
 
+def test_the_kernels_import_only_storage_and_themselves_and_the_backend_never_imports_ops():
+    edges = [(a, b) for a, imported in sorted(import_graph(PACKAGE).items()) for b in sorted(imported)]
+    assert [f"{a} -> {b}" for a, b in edges
+            if layer(a) == "kernels" and layer(b) not in ("kernels", "storage")
+            or layer(a) == "backend" and layer(b) == "ops"] == []
+
+
 def test_every_function_fits_on_a_screen():
     assert long_functions(PACKAGE) == []
 

@@ -15,7 +15,11 @@ from numba.core import config
 from nanoasr import convert
 from nanoasr.backend import cpu as cpu_backend
 from nanoasr.checkpoints.load import load_checkpoint
-from nanoasr.kernels import amx, bf16_gemm, int8_dot, target, vector_ir
+from nanoasr.kernels import target
+from nanoasr.kernels.bf16 import amx
+from nanoasr.kernels.bf16 import avx512 as bf16_gemm
+from nanoasr.kernels.int8 import dot as int8_dot
+from nanoasr.kernels.ir import vector as vector_ir
 from tests.conftest import ROOT
 
 AVX2_TARGET = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma,+f16c,+bmi2"}
@@ -80,8 +84,9 @@ import json, sys
 import numpy as np
 from numba import njit
 from nanoasr.api import Model
-from nanoasr.kernels import amx, int8_dot
-from nanoasr.kernels.int8_dot import MATVEC_INT8
+from nanoasr.kernels.bf16 import amx
+from nanoasr.kernels.int8 import dot as int8_dot
+from nanoasr.kernels.int8.dot import MATVEC_INT8
 from tests.test_int8_activations import forced_logits
 
 np.save(sys.argv[2], forced_logits(Model.load(sys.argv[1], activations="int8")))

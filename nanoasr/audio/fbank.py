@@ -12,8 +12,8 @@ from functools import lru_cache
 import numpy as np
 
 from nanoasr.audio import SAMPLE_RATE
-from nanoasr.backend import array_module
 from nanoasr.errors import AudioError, OptionError
+from nanoasr.xp import array_module
 
 FRAME, SHIFT, N_FFT, N_MELS = 400, 160, 512, 80
 LOW_HZ, HIGH_HZ = 20.0, 8000.0

@@ -1,26 +1,24 @@
 """The one place that knows which device runs: resolves device={"auto","cpu","cuda"} once into a Backend
-(array namespace + kernel table + weight placement), finds the backend of an array, and scopes CPU threads.
+(array namespace + kernel table + weight placement) and finds the backend of an array.
 
-The tables live in cpu.py (numba kernels, each behind the guard that says when it applies) and cuda.py (the
-array-module twins of nanoasr.ops, run by CuPy). A table is imported on first use, so importing nanoasr
-imports neither numba kernels nor CuPy; this package holds the only CuPy imports.
+The tables (table.Kernels) live in cpu.py (numba kernels, each behind the guard that says when it applies,
+else the op's array-module twin) and cuda.py (the array-module twins of xp.py, run by CuPy, and the
+numba.cuda kernels); host.py holds the host's threads and huge pages. A table is imported on first use, so
+importing nanoasr imports neither numba kernels nor CuPy; this package holds the only CuPy imports.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.util
 import sys
 import warnings
-from contextlib import contextmanager, nullcontext
-from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cached_property
 from types import ModuleType
-from typing import Callable
 
 import numpy as np
 
+from nanoasr.backend.table import Kernels
 from nanoasr.errors import OptionError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -32,38 +30,21 @@ DEVICES = ("auto", "cpu", "cuda")
 ACTIVATIONS = ("exact", "int8", "bf16")
 
 
-@dataclass(slots=True)
-class Kernels:
-    """One device's implementation of each op in nanoasr.ops (same names, same arguments)."""
-
-    add_bias: Callable
-    layer_norm: Callable
-    rms_norm: Callable
-    softmax_inplace: Callable
-    greedy_choice: Callable
-    swiglu: Callable
-    apply_rope: Callable
-    fsmn: Callable
-    new_position: Callable
-    decode_attention: Callable
-    compiled_layer: Callable  # a decode step's whole layer as one call, or None where the device has none
-    mask_inplace: Callable
-    stored_matmul: Callable
-    take_rows: Callable
-    products: Callable
-
-
 @dataclass(frozen=True)
 class Backend:
     name: str  # "cpu" | "cuda"
     xp: ModuleType  # numpy or cupy
-    table_module: str  # the module defining KERNELS and place()
     activations: str = "exact"  # one of ACTIVATIONS, carried by the weights place() returns
-    huge_pages: bool = False  # CPU: matrices read into a private copy in huge pages (pages.py)
+    huge_pages: bool = False  # CPU: matrices read into a private copy in huge pages (host.py)
 
     @cached_property
     def _table(self) -> ModuleType:
-        return importlib.import_module(self.table_module)
+        """The module defining this device's KERNELS and place(), imported on first use."""
+        if self.name == "cuda":
+            from nanoasr.backend import cuda
+            return cuda
+        from nanoasr.backend import cpu
+        return cpu
 
     @property
     def kernels(self) -> Kernels:
@@ -81,7 +62,7 @@ class Backend:
         return self._table.numba_products(weights)
 
 
-CPU = Backend("cpu", np, "nanoasr.backend.cpu")
+CPU = Backend("cpu", np)
 _cuda: Backend | None = None  # set when CUDA is resolved
 # array type -> the kernel table of the device holding such arrays: the lookup every op makes
 _TABLES: dict[type, Kernels] = {}
@@ -142,7 +123,7 @@ def resolve(device: str = "auto") -> Backend:
     if usable:
         import cupy
 
-        _cuda = Backend("cuda", cupy, "nanoasr.backend.cuda")
+        _cuda = Backend("cuda", cupy)
         return _cuda
     if device == "cuda":
         raise OptionError(f"device='cuda' is not available: {reason}")
@@ -178,46 +159,3 @@ def kernels_for(x) -> Kernels:
     except KeyError:
         table = _TABLES[type(x)] = of(x).kernels
         return table
-
-
-def array_module(x) -> ModuleType:
-    """numpy or cupy, following the array given (CuPy is never imported here unless it already is)."""
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and isinstance(x, cupy.ndarray):
-        return cupy
-    return np
-
-
-def to_numpy(x) -> np.ndarray:
-    """A host copy of an array from either namespace."""
-    return x.get() if array_module(x) is not np else np.asarray(x)
-
-
-# True inside threads(..., numba_products=True): numba's threads, awake for the products, also share out the
-# rows of the CPU table's elementwise kernels (serial otherwise: between BLAS products, waking numba's threads
-# costs more than it saves).
-NUMBA_PRODUCTS: ContextVar[bool] = ContextVar("NUMBA_PRODUCTS", default=False)
-
-
-@contextmanager
-def threads(n: int | None, numba_products: bool = False):
-    """At most n threads in numba's kernels and in BLAS inside the block (the host's pools; None: as they
-    are). With numba_products (Backend.numba_products), BLAS is kept to the calling thread, since its own
-    threads spin for a while after each call on the cores numba's threads need, and NUMBA_PRODUCTS is set."""
-    if n is None and not numba_products:
-        yield
-        return
-    import numba  # here, not at the top: importing nanoasr does not load numba
-    from threadpoolctl import threadpool_limits
-
-    previous = numba.get_num_threads()
-    if n is not None:
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    token = NUMBA_PRODUCTS.set(numba_products)
-    try:  # each threadpool_limits reads the loaded libraries: only the limits asked for
-        with threadpool_limits(limits=n) if n is not None else nullcontext(), \
-                threadpool_limits(limits=1, user_api="blas") if numba_products else nullcontext():
-            yield
-    finally:
-        NUMBA_PRODUCTS.reset(token)
-        numba.set_num_threads(previous)

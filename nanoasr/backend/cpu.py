@@ -1,5 +1,5 @@
 """The CPU kernel table: numba kernels, each behind the guard that says when it applies (dtype, layout);
-anything else goes to the op's array-module twin in nanoasr.ops, which numpy runs."""
+anything else goes to the op's array-module twin (xp.py), which numpy runs."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,12 +7,14 @@ import threading
 
 import numpy as np
 
-from nanoasr import ops
-from nanoasr.backend import NUMBA_PRODUCTS, Kernels, pages
-from nanoasr.kernels import amx, attention, bf16_gemm, blas_split, cpu, elementwise, softmax
+from nanoasr.backend import host, xp
+from nanoasr.backend.host import NUMBA_PRODUCTS
+from nanoasr.backend.table import Kernels
+from nanoasr.kernels import attention, blas_split, elementwise, softmax, stored
 from nanoasr.kernels import decode_layer as layer_kernel
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.int8_dot import host_path
+from nanoasr.kernels.bf16 import amx, avx512
+from nanoasr.kernels.int8.dot import host_path
+from nanoasr.kernels.ir.blocks import BLOCKS
 from nanoasr.tensor import StoredTensor, take_rows, widen
 
 # Up to this many rows (batched decode, the last prefill position) stream the stored blocks once through
@@ -33,19 +35,19 @@ def add_bias(y, bias, relu):  # y [n, out], a fresh product (overwritten)
     if bias is not None and y.dtype == np.float32 and y.flags.c_contiguous:
         # one pass instead of two and a temporary
         return elementwise.add_bias(y, bias, relu, split=_split(y))
-    return ops.add_bias_xp(y, bias, relu)
+    return xp.add_bias_xp(y, bias, relu)
 
 
 def layer_norm(x, weight, bias, eps):  # the kernel copies a strided x; float32 only (one compiled version)
     if x.dtype == np.float32:
         return elementwise.layer_norm(x, weight, bias, eps, split=_split(x))
-    return ops.layer_norm_xp(x, weight, bias, eps)
+    return xp.layer_norm_xp(x, weight, bias, eps)
 
 
 def rms_norm(x, weight, eps):
     if x.dtype == np.float32:
         return elementwise.rms_norm(x, weight, eps, split=_split(x))
-    return ops.rms_norm_xp(x, weight, eps)
+    return xp.rms_norm_xp(x, weight, eps)
 
 
 def softmax_inplace(x, scale=1.0, keep=None):  # in place: only on x's own float32 C-contiguous memory
@@ -53,43 +55,43 @@ def softmax_inplace(x, scale=1.0, keep=None):  # in place: only on x's own float
         keep = None
     if x.dtype == np.float32 and x.flags.c_contiguous:
         return softmax.softmax_inplace(x, scale, keep, split=_split(x))
-    return ops.softmax_inplace_xp(x, scale, keep)
+    return xp.softmax_inplace_xp(x, scale, keep)
 
 
 def swiglu(gate, up):  # gate is overwritten in place: only its own float32 C-contiguous memory
     if gate.dtype == np.float32 and gate.flags.c_contiguous:
         return elementwise.swiglu(gate, up, split=_split(gate))
-    return ops.swiglu_xp(gate, up)
+    return xp.swiglu_xp(gate, up)
 
 
 def greedy_choice(logits):
     if logits.dtype == np.float32 and logits.flags.c_contiguous:
         return softmax.greedy_choice(logits)
-    return ops.greedy_choice_xp(logits)
+    return xp.greedy_choice_xp(logits)
 
 
 def apply_rope(x, cos, sin):
     if x.dtype == np.float32:
         return elementwise.apply_rope(x, cos, sin)
-    return ops.apply_rope_xp(x, cos, sin)
+    return xp.apply_rope_xp(x, cos, sin)
 
 
 def fsmn(v, kernel):
     if v.dtype == np.float32:
         return elementwise.fsmn(v, kernel, split=_split(v))
-    return ops.fsmn_xp(v, kernel)
+    return xp.fsmn_xp(v, kernel)
 
 
 def new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions):
     if q.dtype == k.dtype == v.dtype == keys.dtype == values.dtype == np.float32:
         return attention.new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions)
-    return ops.new_position_xp(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions)
+    return xp.new_position_xp(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions)
 
 
 def decode_attention(q, keys, values, lengths):  # the kernel checks lengths against the cache it reads
     if keys.dtype == np.float32 and values.dtype == np.float32:
         return attention.decode_attention(q, keys, values, lengths)
-    return ops.decode_attention_xp(q, keys, values, lengths)
+    return xp.decode_attention_xp(q, keys, values, lengths)
 
 
 def compiled_layer(matrices, norms):
@@ -104,7 +106,7 @@ def compiled_layer(matrices, norms):
         if w.shape[1] % BLOCKS[w.dtype].size:
             return None
         products.append((w.dtype, rows))
-        data.append(cpu.stored_data(w.data, w.dtype, *w.shape))
+        data.append(stored.stored_data(w.data, w.dtype, *w.shape))
     products = tuple(products)
 
     def layer(x, eps, cos, sin, scale, keys, values, positions):
@@ -116,7 +118,7 @@ def compiled_layer(matrices, norms):
 
 
 def mask_inplace(scores, keep):  # nothing to mask (an unpadded batch) is seen on the host at no cost
-    return scores if keep.all() else ops.mask_inplace_xp(scores, keep)
+    return scores if keep.all() else xp.mask_inplace_xp(scores, keep)
 
 
 def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, out]
@@ -125,24 +127,24 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
     if w.activations == "bf16":
         if len(x) > FUSED_ROWS and (kernel := bf16_kernel()) is not None:
             return kernel.products(x, amx.weight_rows(w.data), np.empty((len(x), out_features), np.float32))
-        x = ops.rows_bf16_xp(x)  # the same rows for the float products below
+        x = xp.rows_bf16_xp(x)  # the same rows for the float products below
     if w.activations == "int8" and host_path() is not None:  # few rows streamed, many through the GEMM
-        product = cpu.matvec_int8 if len(x) <= FUSED_ROWS else cpu.gemm_int8
+        product = stored.matvec_int8 if len(x) <= FUSED_ROWS else stored.gemm_int8
         return product(x, w.data, w.dtype, out_features, in_features,
                        np.empty((len(x), out_features), np.float32), host_path())
     if len(x) <= FUSED_ROWS:
-        return cpu.matvec(x, w.data, w.dtype, out_features, in_features,
+        return stored.matvec(x, w.data, w.dtype, out_features, in_features,
                           np.empty((len(x), out_features), np.float32))
     if w.dtype == "f32":
         return x @ w.data.T
-    wide = cpu.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))
+    wide = stored.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))
     return x @ wide.T
 
 
 def bf16_kernel():
     """The module whose products(x, W, out) multiply rows rounded to bf16 (amx.operands) on this CPU: the AMX
     tiles, else the bf16 GEMM (AVX512-BF16); None where it has neither."""
-    return amx if amx.available() else bf16_gemm if bf16_gemm.available() else None
+    return amx if amx.available() else avx512 if avx512.available() else None
 
 
 def numba_products(weights: dict) -> bool:
@@ -167,11 +169,11 @@ def products(a, b, activations):  # a [..., m, K] @ b[..., n, K].T; bf16 rows on
         return kernel.products(a, amx.bf16_rows(b), np.empty(a.shape[:-1] + b.shape[-2:-1], np.float32))
     if NUMBA_PRODUCTS.get():  # BLAS is kept to this thread: share out the heads
         if activations == "bf16":  # rounded here as the twin rounds them, then the same BLAS calls
-            a, b, activations = ops.rows_bf16_xp(a), ops.rows_bf16_xp(b), "exact"
+            a, b, activations = xp.rows_bf16_xp(a), xp.rows_bf16_xp(b), "exact"
         out = blas_split.products(a, b)
         if out is not None:
             return out
-    return ops.products_xp(a, b, activations)
+    return xp.products_xp(a, b, activations)
 
 
 KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
@@ -185,12 +187,12 @@ KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
 def place(tensors: dict, vectors: set[str], activations: str = "exact", huge_pages: bool = False) -> dict:
     """Matrices stay in their stored type, float32 ones too, so that decoding streams them through the same
     kernels; vectors are widened once. With huge_pages the matrices (and the float32 vectors, which widen to
-    views of the file) are read into one buffer of huge pages (pages.py); otherwise they stay where the
+    views of the file) are read into one buffer of huge pages (host.py); otherwise they stay where the
     checkpoint put them (a file mapping, shared between processes). With int8 activations, the
     block-quantized matrices (Q8_0, Q4_K, Q6_K) are marked for the integer product; with bf16 activations,
     the BF16 matrices."""
     def matrix(t):
-        marked = (activations == "int8" and t.dtype in cpu.MATVEC_INT8_KINDS
+        marked = (activations == "int8" and t.dtype in stored.MATVEC_INT8_KINDS
                   or activations == "bf16" and t.dtype == "bf16")
         return dataclasses.replace(t, activations=activations) if marked else t
     placed = {name: widen(t) if name in vectors else matrix(t) for name, t in tensors.items()}
@@ -199,7 +201,7 @@ def place(tensors: dict, vectors: set[str], activations: str = "exact", huge_pag
     matrices = [name for name, t in placed.items() if isinstance(t, StoredTensor)]
     # float32 vectors widen to views of the file: copied too, so that nothing reads the mapping afterwards
     # (where the file is mapped in 2 MiB pages, reading a few bytes maps a whole 2 MiB page)
-    mapped = [name for name, t in placed.items() if name in vectors and pages.file_span(t) is not None]
-    copies = pages.in_huge_pages([placed[name].data for name in matrices] + [placed[name] for name in mapped])
+    mapped = [name for name, t in placed.items() if name in vectors and host.file_span(t) is not None]
+    copies = host.in_huge_pages([placed[name].data for name in matrices] + [placed[name] for name in mapped])
     return {**placed, **dict(zip(mapped, copies[len(matrices):])),
             **{name: dataclasses.replace(placed[name], data=data) for name, data in zip(matrices, copies)}}

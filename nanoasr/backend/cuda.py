@@ -1,4 +1,4 @@
-"""The CUDA kernel table: CuPy runs the array-module twins of nanoasr.ops (cuBLAS for the products), and the
+"""The CUDA kernel table: CuPy runs the array-module twins of xp.py (cuBLAS for the products), and the
 numba.cuda kernels of nanoasr.kernels.cuda read the weights in their stored type.
 
 Weights go to the device once, at placement, as they are stored: F32/F16 arrays, BF16 bits, Q8_0/Q4_K/Q6_K
@@ -14,8 +14,8 @@ import threading
 import cupy
 from numba import cuda
 
-from nanoasr import ops
-from nanoasr.backend import Kernels
+from nanoasr.backend import xp
+from nanoasr.backend.table import Kernels
 from nanoasr.kernels import cuda as gk
 from nanoasr.tensor import StoredTensor, widen
 
@@ -64,13 +64,13 @@ def take_rows(t: StoredTensor, ids):  # rows `ids` of a stored [rows, cols] tens
     return gk.widen(picked, t.dtype, (n, cols), cupy.empty((n, cols), cupy.float32), current_stream())
 
 
-KERNELS = Kernels(add_bias=ops.add_bias_xp, layer_norm=ops.layer_norm_xp, rms_norm=ops.rms_norm_xp,
-                  softmax_inplace=ops.softmax_inplace_xp, greedy_choice=ops.greedy_choice_xp,
-                  swiglu=ops.swiglu_xp, apply_rope=ops.apply_rope_xp,
-                  fsmn=ops.fsmn_xp, new_position=ops.new_position_xp,
-                  decode_attention=ops.decode_attention_xp, compiled_layer=compiled_layer,
-                  mask_inplace=ops.mask_inplace_xp, stored_matmul=stored_matmul, take_rows=take_rows,
-                  products=ops.products_xp)
+KERNELS = Kernels(add_bias=xp.add_bias_xp, layer_norm=xp.layer_norm_xp, rms_norm=xp.rms_norm_xp,
+                  softmax_inplace=xp.softmax_inplace_xp, greedy_choice=xp.greedy_choice_xp,
+                  swiglu=xp.swiglu_xp, apply_rope=xp.apply_rope_xp,
+                  fsmn=xp.fsmn_xp, new_position=xp.new_position_xp,
+                  decode_attention=xp.decode_attention_xp, compiled_layer=compiled_layer,
+                  mask_inplace=xp.mask_inplace_xp, stored_matmul=stored_matmul, take_rows=take_rows,
+                  products=xp.products_xp)
 
 
 def numba_products(weights: dict) -> bool:

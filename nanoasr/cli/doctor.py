@@ -114,15 +114,16 @@ def kernels() -> dict:
     """The product paths this CPU runs for each `activations` choice that depends on its features (those of
     numba's target, which NUMBA_CPU_NAME / NUMBA_CPU_FEATURES may set: kernels/target.py), and how the
     decode products prefetch their weights on this host."""
-    from nanoasr.kernels import amx, bf16_gemm, target
-    from nanoasr.kernels.int8_dot import host_path
+    from nanoasr.kernels import target
+    from nanoasr.kernels.bf16 import amx, avx512
+    from nanoasr.kernels.int8.dot import host_path
 
     path = host_path()
     prefetch = target.weight_prefetch()
     return {"int8_decode": f"int8 ({path})" if path else "float32 (no AVX2)",
             "int8_many_rows": f"int8 GEMM ({path})" if path else "float32 (widening + BLAS)",
             "bf16_many_rows": ("AMX tiles" if amx.available() else "bf16 GEMM (avx512bf16)"
-                               if bf16_gemm.available() else "BLAS on bf16-rounded rows"),
+                               if avx512.available() else "BLAS on bf16-rounded rows"),
             "weight_prefetch": f"into {prefetch.cache}, {prefetch.rows_ahead} rows ahead"}
 
 

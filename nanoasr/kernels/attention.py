@@ -9,14 +9,15 @@ same arithmetic in a fraction of the time. Compiled on first use and cached on d
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from nanoasr.kernels.elementwise import _rms_norm_rows, _rope_rows
+from nanoasr.kernels.elementwise import rms_norm_rows, rope_rows
+from nanoasr.kernels.jit import njit
 from nanoasr.kernels.softmax import exp_nonpositive
 
 
 @njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
-def _attend(q, keys, values, lengths, out):
+def attend(q, keys, values, lengths, out):
     batch, kv_heads, group, head_dim = q.shape
     for item in prange(batch * kv_heads):
         b, h = item // kv_heads, item % kv_heads
@@ -56,12 +57,12 @@ def decode_attention(q, keys, values, lengths):
         raise ValueError(f"decode_attention takes one length per row, each 1 to {keys.shape[2]} (the cache); "
                          f"got {lengths.tolist()} for {q.shape[0]} rows")
     out = np.empty(q.shape, np.float32)
-    _attend(np.ascontiguousarray(q, dtype=np.float32), keys, values, lengths, out)
+    attend(np.ascontiguousarray(q, dtype=np.float32), keys, values, lengths, out)
     return out
 
 
 @njit(cache=True)
-def _new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions, q_out):
+def new_position_into(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions, q_out):
     batch, kv_heads, capacity, head_dim = keys.shape
     group = q.shape[1] // kv_heads
     for b in range(batch):
@@ -72,13 +73,13 @@ def _new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, p
     for b in range(batch):
         c, s, p = cos[b:b + 1], sin[b:b + 1], positions[b]
         for h in range(kv_heads):
-            _rms_norm_rows(q[b, h * group:(h + 1) * group], q_norm, eps, normed[0])
-            _rope_rows(normed, c, s, rotated)
+            rms_norm_rows(q[b, h * group:(h + 1) * group], q_norm, eps, normed[0])
+            rope_rows(normed, c, s, rotated)
             for j in range(group):
                 for d in range(head_dim):
                     q_out[b, h * group + j, d] = rotated[0, j, d] * scale
-            _rms_norm_rows(k[b, h:h + 1], k_norm, eps, normed[0, :1])
-            _rope_rows(normed[:, :1], c, s, rotated[:, :1])
+            rms_norm_rows(k[b, h:h + 1], k_norm, eps, normed[0, :1])
+            rope_rows(normed[:, :1], c, s, rotated[:, :1])
             keys[b, h, p] = rotated[0, 0]
             values[b, h, p] = v[b, h]
 
@@ -87,6 +88,6 @@ def new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, po
     """nanoasr.ops.new_position for float32 arrays: one pass per row and kv head, each head's rows normalized
     and rotated as rms_norm and apply_rope compute them."""
     out = np.empty(q.shape, np.float32)
-    _new_position(q, k, v, q_norm, k_norm, np.float32(eps), cos, sin, np.float32(scale), keys, values,
+    new_position_into(q, k, v, q_norm, k_norm, np.float32(eps), cos, sin, np.float32(scale), keys, values,
                   np.asarray(positions, np.int64), out)
     return out

@@ -1,7 +1,7 @@
 """Attention's products (a @ b.T over stacks of heads) on numba's threads, each calling BLAS on its share of
 the heads.
 
-Where numba's threads run the large products (nanoasr.backend.threads with numba_products), BLAS is kept to
+Where numba's threads run the large products (backend.host.threads with numba_products), BLAS is kept to
 the calling thread: its own threads would spin on the cores numba's threads need, and numba's idle threads
 spin on the cores BLAS's would need (Python threads calling BLAS between numba's products ran no faster than
 one). Here the threads that run are numba's: a parallel region hands each a run of heads, and each leaves
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, objmode, prange
+from numba import objmode, prange
+
+from nanoasr.kernels.jit import njit
 
 # Below this many multiply-adds a product stays one call on the calling thread: handing it out would cost
 # about as much as it saves.

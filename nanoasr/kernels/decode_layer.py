@@ -1,7 +1,7 @@
 """A decoder layer's decode step (one new position in each of up to 8 rows) as one compiled call over a
-float32 cache, where each of the layer's seven products runs a decode kernel: the int8 kernels (int8_dot.py)
-for weights marked for int8 activations, the float32-row kernels (matvec.py) for the others (on rows
-rounded to bf16 first for weights marked for bf16 activations).
+float32 cache, where each of the layer's seven products runs a decode kernel: the int8 kernels (int8/dot.py)
+for weights marked for int8 activations, the float32-row kernels (stored/float_rows.py) for the others (on
+rows rounded to bf16 first for weights marked for bf16 activations).
 
 It calls the kernels the op-by-op path (nanoasr.model.decoder.decoder_layer through nanoasr.ops) calls, on
 the same operands in the same order, so it gives the same bits; what it leaves out is the dozen Python calls
@@ -14,15 +14,16 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.extending import overload
 
-from nanoasr.kernels.amx import _bf16
-from nanoasr.kernels.attention import _attend, _new_position
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.elementwise import _rms_norm_rows, _swiglu_rows
-from nanoasr.kernels.int8_dot import MATVEC_INT8, PATHS
-from nanoasr.kernels.matvec import MATVEC
+from nanoasr.kernels.attention import attend, new_position_into
+from nanoasr.kernels.bf16.amx import bf16_bits
+from nanoasr.kernels.elementwise import rms_norm_rows, swiglu_rows
+from nanoasr.kernels.int8.dot import MATVEC_INT8, PATHS
+from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.jit import njit
+from nanoasr.kernels.stored.float_rows import MATVEC
 
 
 def _product(kind, rows, x, data):  # x [B <= 8, cols] @ W.T -> [B, rows of W]: compiled code only
@@ -30,20 +31,20 @@ def _product(kind, rows, x, data):  # x [B <= 8, cols] @ W.T -> [B, rows of W]: 
 
 
 @njit(cache=True)
-def _bf16_rows(x):  # float32 [n, k] (C-contiguous) -> each value rounded to bf16 as ops.rows_bf16_xp does
+def _bf16_rows(x):  # float32 [n, k] (C-contiguous) -> each value rounded to bf16 as xp.rows_bf16_xp does
     bits = x.view(np.uint32)
     out = np.empty_like(bits)
     for r in range(x.shape[0]):
         for c in range(x.shape[1]):
-            out[r, c] = np.uint32(_bf16(bits[r, c])) << np.uint32(16)
+            out[r, c] = np.uint32(bf16_bits(bits[r, c])) << np.uint32(16)
     return out.view(np.float32)
 
 
 @overload(_product, prefer_literal=True)
 def _product_kernel(kind, rows, x, data):
-    """The decode kernel for W stored as `kind` with rows as `rows` says: "exact" (float32 rows, matvec.py),
-    "bf16" (the rows rounded to bf16 first, then matvec.py) or an int8 path (int8_dot.PATHS); both literal
-    strings, so the layer's cache key holds no kernel object."""
+    """The decode kernel for W stored as `kind` with rows as `rows` says: "exact" (float32 rows,
+    stored/float_rows.py), "bf16" (the rows rounded to bf16 first, then stored/float_rows.py) or an int8
+    path (int8.dot.PATHS); both literal strings, so the layer's cache key holds no kernel object."""
     if not isinstance(kind, types.StringLiteral) or not isinstance(rows, types.StringLiteral):
         return None
     stored, path = kind.literal_value, rows.literal_value
@@ -71,19 +72,19 @@ def layer_for(products: tuple):
         kv_heads, head_dim = keys.shape[1], keys.shape[3]
         heads = heads_dim // head_dim
         h = np.empty_like(x)
-        _rms_norm_rows(x, input_norm, eps, h)
+        rms_norm_rows(x, input_norm, eps, h)
         q, k, v = _product(k_q, r_q, h, w_q), _product(k_k, r_k, h, w_k), _product(k_v, r_v, h, w_v)
         rotated = np.empty((b, heads, head_dim), np.float32)
-        _new_position(q.reshape(b, heads, head_dim), k.reshape(b, kv_heads, head_dim),
+        new_position_into(q.reshape(b, heads, head_dim), k.reshape(b, kv_heads, head_dim),
                       v.reshape(b, kv_heads, head_dim), q_norm, k_norm, eps, cos, sin, scale, keys, values,
                       positions, rotated)
         attended = np.empty((b, kv_heads, heads // kv_heads, head_dim), np.float32)
-        _attend(rotated.reshape(b, kv_heads, heads // kv_heads, head_dim), keys, values, positions + 1,
+        attend(rotated.reshape(b, kv_heads, heads // kv_heads, head_dim), keys, values, positions + 1,
                 attended)
         x = x + _product(k_o, r_o, attended.reshape(b, heads_dim), w_o)
-        _rms_norm_rows(x, post_norm, eps, h)
+        rms_norm_rows(x, post_norm, eps, h)
         gate, up = _product(k_gate, r_gate, h, w_gate), _product(k_up, r_up, h, w_up)
-        _swiglu_rows(gate, up)
+        swiglu_rows(gate, up)
         return x + _product(k_down, r_down, gate, w_down)
     layer.__name__ = layer.__qualname__ = "decode_layer_" + "_".join(f"{k}_{r}" for k, r in products)
     return njit(cache=True)(layer)

@@ -1,8 +1,8 @@
 """Serial numba loops for the elementwise stages between GEMMs: LayerNorm and RMSNorm, the FSMN depthwise
 convolution, a linear layer's bias (with its ReLU), SwiGLU's silu(gate) * up, and rotate-half RoPE.
 
-Their numpy twins are `nanoasr.ops.layer_norm_xp`, `rms_norm_xp`, `add_bias_xp`, `swiglu_xp`,
-`apply_rope_xp` and `nanoasr.ops.fsmn_xp`, which make a pass over the activations (and a
+Their numpy twins are `nanoasr.backend.xp.layer_norm_xp`, `rms_norm_xp`, `add_bias_xp`, `swiglu_xp`,
+`apply_rope_xp` and `nanoasr.backend.xp.fsmn_xp`, which make a pass over the activations (and a
 temporary) per operation or per tap; these make one, and in decoding, where a row is short, they also save
 numpy's per-call overhead.
 They are serial: between BLAS GEMMs a numba parallel region leaves its threads spinning on the cores BLAS
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from nanoasr.kernels.jit import njit
 from nanoasr.kernels.softmax import exp_nonpositive
 
 
@@ -69,7 +70,7 @@ def layer_norm(x, weight, bias, eps, split=False):  # float32 [..., d] -> [..., 
 
 
 @njit(cache=True, error_model="numpy")
-def _rms_norm_rows(x, weight, eps, out):  # x, out [n, d]
+def rms_norm_rows(x, weight, eps, out):  # x, out [n, d]
     d = np.float32(x.shape[1])
     for r in range(x.shape[0]):
         row = x[r]
@@ -79,11 +80,11 @@ def _rms_norm_rows(x, weight, eps, out):  # x, out [n, d]
 
 
 @njit(parallel=True, cache=True)
-def _rms_norm_split(x, weight, eps, out, blocks):  # _rms_norm_rows, `blocks` blocks of rows
+def _rms_norm_split(x, weight, eps, out, blocks):  # rms_norm_rows, `blocks` blocks of rows
     step = (x.shape[0] + blocks - 1) // blocks
     for i in prange(blocks):
         rows = slice(i * step, (i + 1) * step)
-        _rms_norm_rows(x[rows], weight, eps, out[rows])
+        rms_norm_rows(x[rows], weight, eps, out[rows])
 
 
 def rms_norm(x, weight, eps, split=False):  # float32 [..., d] -> [..., d]
@@ -93,12 +94,12 @@ def rms_norm(x, weight, eps, split=False):  # float32 [..., d] -> [..., d]
     if split:  # a block of rows per numba thread
         _rms_norm_split(rows, weight, np.float32(eps), out, numba.get_num_threads())
     else:
-        _rms_norm_rows(rows, weight, np.float32(eps), out)
+        rms_norm_rows(rows, weight, np.float32(eps), out)
     return out.reshape(x.shape)
 
 
 @njit(cache=True, error_model="numpy")
-def _swiglu_rows(gate, up):  # gate, up [n, d]: gate <- silu(gate) * up
+def swiglu_rows(gate, up):  # gate, up [n, d]: gate <- silu(gate) * up
     for r in range(gate.shape[0]):
         g, u = gate[r], up[r]
         for c in range(g.shape[0]):
@@ -109,7 +110,7 @@ def _swiglu_rows(gate, up):  # gate, up [n, d]: gate <- silu(gate) * up
 
 
 @njit(cache=True)
-def _rope_rows(x, cos, sin, out):  # x, out [n, heads, d]; cos, sin [n, d]
+def rope_rows(x, cos, sin, out):  # x, out [n, heads, d]; cos, sin [n, d]
     half = x.shape[2] // 2
     for p in range(x.shape[0]):
         c, s = cos[p], sin[p]
@@ -124,17 +125,17 @@ def _rope_rows(x, cos, sin, out):  # x, out [n, heads, d]; cos, sin [n, d]
 def apply_rope(x, cos, sin):  # float32 x [..., n, heads, d], cos/sin [..., n, d] -> [..., n, heads, d]
     rows = np.ascontiguousarray(x).reshape(-1, x.shape[-2], x.shape[-1])
     out = np.empty_like(rows)
-    _rope_rows(rows, np.ascontiguousarray(cos).reshape(-1, cos.shape[-1]),
+    rope_rows(rows, np.ascontiguousarray(cos).reshape(-1, cos.shape[-1]),
                np.ascontiguousarray(sin).reshape(-1, sin.shape[-1]), out)
     return out.reshape(x.shape)
 
 
 @njit(parallel=True, cache=True)
-def _swiglu_split(gate, up, blocks):  # _swiglu_rows, `blocks` blocks of rows
+def _swiglu_split(gate, up, blocks):  # swiglu_rows, `blocks` blocks of rows
     step = (gate.shape[0] + blocks - 1) // blocks
     for i in prange(blocks):
         rows = slice(i * step, (i + 1) * step)
-        _swiglu_rows(gate[rows], up[rows])
+        swiglu_rows(gate[rows], up[rows])
 
 
 def swiglu(gate, up, split=False):  # float32 [..., d] each, gate a fresh C-contiguous product (overwritten)
@@ -143,7 +144,7 @@ def swiglu(gate, up, split=False):  # float32 [..., d] each, gate a fresh C-cont
     if split:  # a block of rows per numba thread
         _swiglu_split(rows, ups, numba.get_num_threads())
     else:
-        _swiglu_rows(rows, ups)
+        swiglu_rows(rows, ups)
     return gate
 
 

@@ -1,7 +1,7 @@
 """Softmax over the last axis in place, one row at a time, with an exp that LLVM vectorises.
 
-Its numpy twin is `nanoasr.ops.softmax_inplace_xp` (max, subtract, exp, sum, divide: five passes over the
-scores); here a row is read for its maximum and then stays in L1 for its two remaining passes. numba calls
+Its numpy twin is `nanoasr.backend.xp.softmax_inplace_xp` (max, subtract, exp, sum, divide: five passes over
+the scores); here a row is read for its maximum and then stays in L1 for its two remaining passes. numba calls
 libm's scalar `expf`, which the loop vectoriser cannot widen, so `exp_nonpositive` is written out:
 x = n ln2 + r with |r| <= ln2/2, e^r from a degree-7 polynomial (Cephes' expf coefficients), and 2^n built
 from its exponent bits. The scale of attention scores and a per-item mask of dropped keys are applied in the
@@ -13,9 +13,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from nanoasr.kernels.jit import njit
 
 _LOG2E = np.float32(1.44269504088896341)
 _LN2_HI = np.float32(0.693359375)  # ln 2 = _LN2_HI + _LN2_LO; n * _LN2_HI is exact for |n| < 2^9
@@ -130,8 +132,9 @@ def _log_normalizers(x, tops, out):  # x [n, m], tops [n] the row maxima -> out[
 
 def greedy_choice(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float32 [B, vocab], C-contiguous -> (ids [B]: each row's argmax, the log-probabilities of those choices
-    [B]): nanoasr.ops.greedy_choice_xp in one pass of a vectorised exp over each row after numpy's argmax,
-    instead of four passes and two temporaries of the row's size (a decode step's row is 151936 wide)."""
+    [B]): nanoasr.backend.xp.greedy_choice_xp in one pass of a vectorised exp over each row after
+    numpy's argmax, instead of four passes and two temporaries of the row's size (a decode step's row
+    is 151936 wide)."""
     ids = logits.argmax(axis=1)  # numpy's argmax is vectorised; numba's a serial chain
     tops = logits[np.arange(len(logits)), ids]
     normalizers = np.empty(len(logits), np.float32)

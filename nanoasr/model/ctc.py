@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanoasr.backend import array_module, to_numpy
 from nanoasr.model.adaptor import transformer_block
 from nanoasr.ops import linear
+from nanoasr.xp import array_module, to_numpy
 
 FRAME_S = 0.06  # one encoder frame: 6 stacked fbank frames of 10 ms
 LAYER_NORM_EPS = 1e-12  # FunASR's transformer LayerNorm default, which the CTC decoder's blocks use

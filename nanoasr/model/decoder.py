@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from nanoasr.backend import array_module
 from nanoasr.model.config import TextConfig
 from nanoasr.ops import (apply_rope, compiled_layer, decode_attention, linear, mask_inplace, new_position,
                          products, rms_norm, rope_inv_freq, rope_tables, softmax_inplace, swiglu, take_rows)
 from nanoasr.tensor import StoredTensor
+from nanoasr.xp import array_module
 
 P = "model.language_model."
 EMBED = P + "embed_tokens.weight"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from nanoasr.backend import array_module
 from nanoasr.model.config import AudioConfig
 from nanoasr.ops import fsmn, layer_norm, linear, self_attention
+from nanoasr.xp import array_module
 
 
 def sinusoid_positions(n: int, depth: int, xp=np):  # -> [n, depth], positions 1..n, [sin | cos]

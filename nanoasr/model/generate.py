@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanoasr.backend import array_module, to_numpy
 from nanoasr.errors import ModelError
 from nanoasr.model import decoder
 from nanoasr.model.config import TextConfig
 from nanoasr.ops import greedy_choice
 from nanoasr.tensor import StoredTensor, has_nonfinite
+from nanoasr.xp import array_module, to_numpy
 
 MAX_NEW_TOKENS = 512  # hard cap per segment
 # Prompts admitted together are prefilled in one forward (one pass over the weights for all of them), longest

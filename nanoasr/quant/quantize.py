@@ -16,7 +16,7 @@ from nanoasr.storage import BLOCK_TYPES
 
 BATCH = 1 << 16  # elements quantized together: bounds the float32 temporaries of the scale search
 GROUP_MAX_EPS = np.float32(1e-15)  # ggml's threshold below which a group counts as all zero
-TARGETS = ("q8_0", "q4_k_m")
+MIXES = ("q8_0", "q4_k_m")  # the block-quantized conversion targets: storage_type's mixes of stored types
 DECODER_LAYER = re.compile(r"model\.language_model\.layers\.(\d+)\.(.+)$")
 MORE_BITS = ("self_attn.v_proj.weight", "mlp.down_proj.weight")
 OUTPUT = ("model.language_model.embed_tokens.weight", "lm_head.weight")
@@ -225,9 +225,9 @@ def storage_type(name: str, shape: tuple[int, ...], target: str, n_layers: int) 
     Encoder and adaptor matrices (model.audio_tower.*, model.multi_modal_projector.*) follow the base
     rule only. Rows that are not whole 256-element blocks fall back to Q8_0, or F16 if not whole 32s.
     """
-    if target not in TARGETS:
+    if target not in MIXES:
         raise ValueError(f"quantization target {target!r} is not supported "
-                         f"(expected one of {', '.join(TARGETS)})")
+                         f"(expected one of {', '.join(MIXES)})")
     cols = shape[-1] if len(shape) == 2 else 1
     q8 = "q8_0" if cols % 32 == 0 else "f16"
     if target == "q8_0" or cols % 256:

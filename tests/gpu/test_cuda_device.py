@@ -10,9 +10,9 @@ import pytest
 
 from nanoasr import backend, convert
 from nanoasr.api import Model
-from nanoasr.backend import to_numpy
 from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.model import decoder, generate
+from nanoasr.xp import to_numpy
 from tools.lib.parity import LOGIT_TOL, STAGE_TOL, stage_outputs
 from tools.lib.synth import speech_like
 

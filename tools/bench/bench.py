@@ -123,7 +123,7 @@ def step_times(model) -> dict:
     a prefill of eight 196-position prompts in one forward, per prompt."""
     import numpy as np
 
-    from nanoasr import backend
+    from nanoasr.xp import to_numpy
     from nanoasr.model import decoder
 
     cfg, xp = model.config.text, model.backend.xp
@@ -137,7 +137,7 @@ def step_times(model) -> dict:
                 session.prefill(xp.asarray(embeds), room=40)
 
             def step():  # ends as a decode step does: the chosen ids on the host
-                backend.to_numpy(session.step([1000] * batch).argmax(axis=-1))
+                to_numpy(session.step([1000] * batch).argmax(axis=-1))
 
             step()
             out[f"step_ms_ctx{context}_b{batch}"] = median_ms(step, 12)

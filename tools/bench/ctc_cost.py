@@ -12,6 +12,7 @@ import numpy as np
 
 from nanoasr import backend as backend_mod
 from nanoasr import timestamps
+from nanoasr.backend import host
 from nanoasr.checkpoints import ctc as ctc_checkpoint
 from nanoasr.checkpoints.spec import expected_tensors
 from nanoasr.model import ctc, encoder
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     cfg, frames = ctc.CtcConfig(), int(round(args.seconds / ctc.FRAME_S))
     feats = rng.standard_normal((1, frames, 560), dtype=np.float32)
     targets = rng.integers(0, cfg.blank_id, args.tokens).tolist()
-    with backend_mod.threads(args.threads):
+    with host.threads(args.threads):
         for _ in range(args.repeats):  # the first includes numba's compilation
             t0 = time.perf_counter()
             mask = np.ones((1, frames), bool)

@@ -12,12 +12,12 @@ multiplies with BLAS. For each shape, row count and stored type this times, in m
   tiled       widening 128 weight rows at a time into a buffer that stays in cache, each followed by its
               BLAS product (the widened copy is never written to memory);
   AMX bf16    (BF16 weights, on CPUs with AMX) the product with bf16 activations: rows rounded to bf16,
-              AMX tiles reading the stored matrix (kernels/amx.py), BLAS kept to one thread as the model
+              AMX tiles reading the stored matrix (kernels/bf16/amx.py), BLAS kept to one thread as the model
               keeps it (first, after a pause: BLAS's threads spin for a while after the previous shape);
   bf16 GEMM   (BF16 weights, on CPUs with AVX512-BF16) the same product with vdpbf16ps, reading the stored
-              matrix (kernels/bf16_gemm.py), BLAS kept to one thread and a pause first;
+              matrix (kernels/bf16/avx512.py), BLAS kept to one thread and a pause first;
   int8 GEMM   (Q8_0, Q4_K, Q6_K weights, with AVX512-VNNI or AVX2) the product with int8
-              activations: rows quantized per 32 columns, weights packed per task (kernels/int8_gemm.py);
+              activations: rows quantized per 32 columns, weights packed per task (kernels/int8/gemm.py);
               BLAS kept to one thread and a pause first, as for the tiles.
 The weights come from distinct copies of the matrix that overflow the last-level cache, as in a forward pass.
 Rows: 167 and 500 are the encoder's frames for 10 s and 30 s, 196 a prefill, 1568 eight prefills together.
@@ -42,11 +42,13 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from nanoasr import backend  # noqa: E402
 from nanoasr.backend import cpu as cpu_backend  # noqa: E402
-from nanoasr.kernels import amx, bf16_gemm, cpu  # noqa: E402
-from nanoasr.kernels.int8_dot import KINDS as MATVEC_INT8_KINDS  # noqa: E402
-from nanoasr.kernels.int8_dot import host_path  # noqa: E402
+from nanoasr.backend import host  # noqa: E402
+from nanoasr.kernels import stored as stored_kernels  # noqa: E402
+from nanoasr.kernels.bf16 import amx  # noqa: E402
+from nanoasr.kernels.bf16 import avx512 as bf16_gemm  # noqa: E402
+from nanoasr.kernels.int8.dot import KINDS as MATVEC_INT8_KINDS  # noqa: E402
+from nanoasr.kernels.int8.dot import host_path  # noqa: E402
 from nanoasr.tensor import StoredTensor  # noqa: E402
 from tools.bench.kernel_bench import COLD_BYTES, stored_matrix  # noqa: E402
 
@@ -64,7 +66,7 @@ def tiled(x: np.ndarray, w: StoredTensor, out: np.ndarray, tile: np.ndarray) -> 
     rows, cols = w.shape
     for r0 in range(0, rows, TILE_ROWS):
         r1 = min(rows, r0 + TILE_ROWS)
-        part = cpu.widen(w.data[r0:r1], w.dtype, r1 - r0, cols, tile[:r1 - r0])
+        part = stored_kernels.widen(w.data[r0:r1], w.dtype, r1 - r0, cols, tile[:r1 - r0])
         out[:, r0:r1] = x @ part.T
     return out
 
@@ -79,7 +81,7 @@ def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict
     first = stored_matrix(rng, dtype, rows, cols)
     copies = [first] + [first.copy() for _ in range(max(0, COLD_BYTES // first.nbytes - 1))]
     stored = [StoredTensor(c, dtype, (rows, cols)) for c in copies]
-    wide = cpu.widen(first, dtype, rows, cols, np.empty((rows, cols), np.float32))
+    wide = stored_kernels.widen(first, dtype, rows, cols, np.empty((rows, cols), np.float32))
     wides = [wide] + [wide.copy() for _ in range(max(0, COLD_BYTES // wide.nbytes - 1))]
     x = rng.standard_normal((n, cols), np.float32)
     out, tile = np.empty((n, rows), np.float32), np.empty((TILE_ROWS, cols), np.float32)
@@ -87,17 +89,17 @@ def time_shape(rng, dtype: str, rows: int, cols: int, n: int, reps: int) -> dict
     if dtype == "bf16" and amx.available():
         rounded = [StoredTensor(c, dtype, (rows, cols), activations="bf16") for c in copies]
         time.sleep(0.3)
-        with backend.threads(None, numba_products=True):  # BLAS kept to one thread, as the model keeps it
+        with host.threads(None, numba_products=True):  # BLAS kept to one thread, as the model keeps it
             ms["AMX bf16"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), rounded, reps)
     if dtype == "bf16" and bf16_gemm.available():
         time.sleep(0.3)
-        with backend.threads(None, numba_products=True):
+        with host.threads(None, numba_products=True):
             ms["bf16 GEMM"] = per_call_ms(lambda w: bf16_gemm.products(x, amx.weight_rows(w.data), out),
                                           stored, reps)
     if host_path() is not None and dtype in MATVEC_INT8_KINDS:
         int8 = [StoredTensor(c, dtype, (rows, cols), activations="int8") for c in copies]
         time.sleep(0.3)
-        with backend.threads(None, numba_products=True):  # as the model runs it
+        with host.threads(None, numba_products=True):  # as the model runs it
             ms["int8 GEMM"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), int8, reps)
     ms["widen+BLAS"] = per_call_ms(lambda w: cpu_backend.stored_matmul(x, w), stored, reps)
     ms["BLAS f32"] = per_call_ms(lambda w: x @ w.T, wides, reps)

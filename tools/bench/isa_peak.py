@@ -8,11 +8,11 @@ instructions' ports set the pace rather than their latency, and LLVM can neither
   fp32 FMA 256    vfmadd on 8 floats: what float32 BLAS multiplies with on AVX2 (and Transformers fp32);
   fp32 FMA 512    the same on 16 floats, with AVX-512;
   int8 pairs      vpmaddwd + vpaddd on 256 bits: 16 int16 products a step, the int8 GEMM's step for Q8_0
-                  weights on AVX2 (kernels/int8_gemm.py);
+                  weights on AVX2 (kernels/int8/gemm.py);
   int8 fours      vpmaddubsw + vpmaddwd + vpaddd on 256 bits: 32 products of unsigned by signed bytes a
                   step, the int8 GEMM's for Q4_K and Q6_K on AVX2 (their quants are unsigned);
   int8 signed fours  the same after vpsignb gives one operand the other's signs: signed by signed bytes
-                  (Q8_0's quants), the AVX2 decode kernels' step (kernels/int8_dot.py, whose sign step
+                  (Q8_0's quants), the AVX2 decode kernels' step (kernels/int8/dot.py, whose sign step
                   compiles to vpxor + vpsubb: one instruction more than here);
   int8 VNNI       vpdpbusd on 512 bits: 64 byte products a step, with AVX512-VNNI.
 Each line gives G multiply-adds per second on one thread and on `--threads` (one chain set per thread), and
@@ -45,7 +45,7 @@ from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 from nanoasr.kernels import target  # noqa: E402
-from nanoasr.kernels.vector_ir import F32, I8, I16, I32, splat  # noqa: E402
+from nanoasr.kernels.ir.vector import F32, I8, I16, I32, splat  # noqa: E402
 
 CHAINS = 12  # above each step's latency times its throughput: 4-8 cycles at 1-2 a cycle
 

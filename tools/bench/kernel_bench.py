@@ -33,8 +33,9 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from nanoasr.backend.pages import in_huge_pages  # noqa: E402
-from nanoasr.kernels import cpu, int8_dot  # noqa: E402
+from nanoasr.backend.host import in_huge_pages  # noqa: E402
+from nanoasr.kernels import stored  # noqa: E402
+from nanoasr.kernels.int8 import dot as int8_dot  # noqa: E402
 
 HIDDEN, HEAD_DIM, Q_HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 1024, 128, 16, 8, 3072, 151936, 28
 SHAPES = {  # name: (rows = out_features, cols = in_features)
@@ -64,7 +65,7 @@ def stored_matrix(rng, dtype: str, rows: int, cols: int) -> np.ndarray:
         if dtype == "bf16":  # the top half of each float32
             return (w.view(np.uint32) >> 16).astype(np.uint16)
         return w.astype(np.float16) if dtype == "f16" else w
-    per, nbytes = cpu.QK[dtype]
+    per, nbytes = stored.QK[dtype]
     raw = rng.integers(0, 256, (rows, cols // per, nbytes), dtype=np.uint8)
     for at in F16_FIELDS[dtype]:
         scale = rng.uniform(-0.05, 0.05, (rows, cols // per)).astype(np.float16)
@@ -74,14 +75,14 @@ def stored_matrix(rng, dtype: str, rows: int, cols: int) -> np.ndarray:
 
 def product(dtype: str, activations: str):
     """The decode kernel for `dtype` weights and `activations` rows ("exact", "int8": the host's integer
-    path, or a path of int8_dot.PATHS), as cpu.matvec's signature."""
-    if activations == "exact" or dtype not in cpu.MATVEC_INT8_KINDS:
-        return cpu.matvec
+    path, or a path of int8_dot.PATHS), as stored.matvec's signature."""
+    if activations == "exact" or dtype not in stored.MATVEC_INT8_KINDS:
+        return stored.matvec
     path = int8_dot.host_path() if activations == "int8" else activations
     runnable = {"vnni": ("vnni", "avx2"), "avx2": ("avx2",), None: ()}[int8_dot.host_path()]
     if path not in runnable:
         raise SystemExit(f"this CPU cannot run the int8 path {path or '(none: no AVX2)'}")
-    return lambda x, data, dtype, rows, cols, out: cpu.matvec_int8(x, data, dtype, rows, cols, out, path)
+    return lambda x, data, dtype, rows, cols, out: stored.matvec_int8(x, data, dtype, rows, cols, out, path)
 
 
 def time_shape(rng, dtype: str, rows: int, cols: int, batch: int, reps: int, activations: str,

@@ -178,8 +178,8 @@ def main() -> int:
     import llvmlite.binding as llvm
 
     from nanoasr.api import Model
-    from nanoasr.kernels import amx
-    from nanoasr.kernels.int8_dot import host_path
+    from nanoasr.kernels.bf16 import amx
+    from nanoasr.kernels.int8.dot import host_path
 
     runs_on = (f"integer path: {host_path()}" if args.activations == "int8"
                else f"AMX tiles: {amx.available()}")

@@ -10,7 +10,7 @@ broadcast, into 16 weight rows at once; and the rows' scales (and Q4_K's mins) a
 int32 accumulators that start at minus the offset times the sum of x's int8 they meet (128 for Q8_0, 32 for
 Q6_K; nothing for Q4_K), then one multiply-add each into float32 by dw * dx; Q4_K then subtracts
 dmin * m times dx times the sum of the block's int8. Out[r, j] sums these terms over the blocks in order: the
-decode kernel's terms, summed in another order. The numpy twin is nanoasr.ops.int8_matmul_xp.
+decode kernel's terms, summed in another order. The numpy twin is nanoasr.backend.xp.int8_matmul_xp.
 
 Two paths, as for decoding (int8_dot.PATHS): "vnni" as above, and "avx2", where for Q4_K and Q6_K the
 vpdpbusd steps are vpmaddubsw on the same packed lines (each pair of unsigned quants times x into int16),
@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.int8_dot import (KINDS, PATHS, pair_products, pair_sums, q4_k_quants, q4_k_scales,
+from nanoasr.kernels.int8.dot import (KINDS, PATHS, pair_products, pair_sums, q4_k_quants, q4_k_scales,
                                       q6_k_quants, q6_k_scales, quantize_block, vpdpbusd)
-from nanoasr.kernels.quant_blocks import _f16x8
-from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
+from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.ir.quant_blocks import f16x8
+from nanoasr.kernels.ir.vector import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
                                        load_vector, mac, prefetch, splat, store_rows, store_vector,
                                        transposed)
+from nanoasr.kernels.jit import njit
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
 X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 16 lanes
@@ -71,7 +72,7 @@ def _block_scales(b, kind, blk):
     """A block of `kind` at blk: (<n x float> its scales, one per 32 / SCALES[kind] values; <m x float> its
     negated mins, one per 32 values, or None)."""
     if kind == "q8_0":
-        return lanes(b, _f16x8(b, blk, 0), [0]), None
+        return lanes(b, f16x8(b, blk, 0), [0]), None
     return (q4_k_scales if kind == "q4_k" else q6_k_scales)(b, [blk])
 
 
@@ -336,7 +337,7 @@ def _rows_quantizer(parallel: bool):
 # below this many blocks (a short clip's rows) starting a parallel region costs more than the quantizing it
 # would split
 PARALLEL_BLOCKS = 4096
-_quantized_rows, _quantized_rows_parallel = _rows_quantizer(False), _rows_quantizer(True)
+quantized_rows, quantized_rows_parallel = _rows_quantizer(False), _rows_quantizer(True)
 
 
 @njit(cache=True)
@@ -359,9 +360,9 @@ def _driver(kind: str, path: str):
 
     def gemm(x, data, nb, out):
         if x.shape[0] * nb * per >= PARALLEL_BLOCKS:
-            q, d, sums = _quantized_rows_parallel(x, nb * per)
+            q, d, sums = quantized_rows_parallel(x, nb * per)
         else:
-            q, d, sums = _quantized_rows(x, nb * per)
+            q, d, sums = quantized_rows(x, nb * per)
         q = x_quants(q)
         panels = (data.shape[0] + PANEL - 1) // PANEL
         for t in prange(panels):

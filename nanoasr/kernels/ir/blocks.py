@@ -13,8 +13,8 @@ from typing import Callable, NamedTuple
 
 from llvmlite import ir
 
-from nanoasr.kernels.quant_blocks import q4_k, q6_k, q8_0
-from nanoasr.kernels.vector_ir import F32, I16, I32, V16, load_vector
+from nanoasr.kernels.ir.quant_blocks import q4_k, q6_k, q8_0
+from nanoasr.kernels.ir.vector import F32, I16, I32, V16, load_vector
 from nanoasr.storage import BLOCK_TYPES
 
 

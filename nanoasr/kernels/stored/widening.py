@@ -1,20 +1,21 @@
 """Stored weights widened to float32, one driver per storage type, exactly as gguf.quants.dequantize does.
 
-The block decoders are the product's (blocks.py): a value is q * s, less the block's min where it has mins
+The block decoders are the product's (ir/blocks.py): a value is q * s, less the block's min where it has mins
 (multiply, then subtract: as gguf). Serial on purpose: widening feeds a BLAS GEMM right after, and a numba
 parallel region between GEMMs leaves its threads spinning on the cores BLAS needs (measured: the encoder took
 4x as long). One thread widens a layer's matrix in well under a millisecond. The drivers are built and cached
-as matvec.py's are.
+as float_rows.py's are.
 """
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.vector_ir import I8, i64, lanes, store_vector
+from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.ir.vector import I8, i64, lanes, store_vector
+from nanoasr.kernels.jit import njit
 
 
 @intrinsic(prefer_literal=True)

@@ -1,17 +1,22 @@
-"""The CPU's copy of the weight matrices: one anonymous buffer that asks the OS for 2 MiB pages.
+"""The host's policy: how many threads numba's kernels and BLAS run (threads), and the CPU's copy of the
+weight matrices in huge pages (in_huge_pages).
 
-Every decode step streams all of the decoder's matrices. Read through the checkpoint's file mapping where
-the page cache holds the file in 4 KiB pages (nanoasr/formats/mapping.py says when) they stream measurably
-slower than from 2 MiB pages (`tools/bench/bench.py --huge-pages both`, docs/reports/performance.md; the
-likely causes: a page walk every 4 KiB, and hardware prefetch stopping at page edges). Matrices that view a
-file mapping are read from the file into the buffer, not copied through the mapping, and the mapping's pages
-under them are let go, so that the process does not hold both. Linux gives huge pages to memory that asks
-for them (madvise) when transparent huge pages are "always" or "madvise"; elsewhere the buffer is ordinary
-memory.
+Threads: nothing is set process-wide; a block runs inside threads(n) and the pools are as they were after it.
+
+Pages: the copy is one anonymous buffer that asks the OS for 2 MiB pages. Every decode step streams all of the
+decoder's matrices. Read through the checkpoint's file mapping where the page cache holds the file in 4 KiB
+pages (nanoasr/formats/mapping.py says when) they stream measurably slower than from 2 MiB pages
+(`tools/bench/bench.py --huge-pages both`, docs/reports/performance.md; the likely causes: a page walk every 4 KiB,
+and hardware prefetch stopping at page edges). Matrices that view a file mapping are read from the file into
+the buffer, not copied through the mapping, and the mapping's pages under them are let go, so that the process
+does not hold both. Linux gives huge pages to memory that asks for them (madvise) when transparent huge pages
+are "always" or "madvise"; elsewhere the buffer is ordinary memory.
 """
 from __future__ import annotations
 
 import mmap
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 
 import numpy as np
 
@@ -101,3 +106,33 @@ def _read_into(f, offset: int, dest: np.ndarray) -> None:
             raise OSError(f"{f.name} ended at byte {offset + done} inside a tensor that should end at byte "
                           f"{offset + len(view)}")
         done += got
+
+
+# True inside threads(..., numba_products=True): numba's threads, awake for the products, also share out the
+# rows of the CPU table's elementwise kernels (serial otherwise: between BLAS products, waking numba's threads
+# costs more than it saves).
+NUMBA_PRODUCTS: ContextVar[bool] = ContextVar("NUMBA_PRODUCTS", default=False)
+
+
+@contextmanager
+def threads(n: int | None, numba_products: bool = False):
+    """At most n threads in numba's kernels and in BLAS inside the block (the host's pools; None: as they
+    are). With numba_products (Backend.numba_products), BLAS is kept to the calling thread, since its own
+    threads spin for a while after each call on the cores numba's threads need, and NUMBA_PRODUCTS is set."""
+    if n is None and not numba_products:
+        yield
+        return
+    import numba  # here, not at the top: importing nanoasr does not load numba
+    from threadpoolctl import threadpool_limits
+
+    previous = numba.get_num_threads()
+    if n is not None:
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    token = NUMBA_PRODUCTS.set(numba_products)
+    try:  # each threadpool_limits reads the loaded libraries: only the limits asked for
+        with threadpool_limits(limits=n) if n is not None else nullcontext(), \
+                threadpool_limits(limits=1, user_api="blas") if numba_products else nullcontext():
+            yield
+    finally:
+        NUMBA_PRODUCTS.reset(token)
+        numba.set_num_threads(previous)

@@ -7,7 +7,7 @@ each row ([B, H, kb, row groups, 16, 16] pairs of bf16; _pack_tile transposes a 
 comes as bf16 bits with rows and columns padded to multiples of 32 (weight_rows: a stored matrix as it is
 where it fits; bf16_rows: float32 rounded), so a tile of 16 of its rows and 32 columns is one strided load.
 A step of 32 columns meets 32 rows of W with 32 rows of x in 2 x 2 accumulator tiles; a tile holds out.T,
-transposed in registers on its way out. The numpy twin is nanoasr.ops.products_xp (BLAS on the rounded
+transposed in registers on its way out. The numpy twin is nanoasr.backend.xp.products_xp (BLAS on the rounded
 operands).
 
 AMX needs the CPU (amx-tile, amx-bf16) and, on Linux, the process's permission for the tile state, which
@@ -23,13 +23,14 @@ from functools import cache
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nanoasr.kernels import target
-from nanoasr.kernels.vector_ir import (F32, I8, I32, i64, lanes, load_vector, store_first, store_vector,
+from nanoasr.kernels.ir.vector import (F32, I8, I32, i64, lanes, load_vector, store_first, store_vector,
                                        transposed)
+from nanoasr.kernels.jit import njit
 
 ROWS = 32  # rows of W per panel: two tiles of 16
 COLS = 32  # columns per tile step: 64 bytes of bf16
@@ -141,7 +142,7 @@ _CONFIG = _config()
 
 
 @njit(inline="always")
-def _bf16(bits):  # float32 bits -> bf16 bits, rounded to nearest, ties to even (finite values)
+def bf16_bits(bits):  # float32 bits -> bf16 bits, rounded to nearest, ties to even (finite values)
     return (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
 
 
@@ -197,8 +198,8 @@ def _packed(bits, kb):  # float32 bits uint32 [B, H, m, K] (any strides) -> uint
                 r = 16 * g + j
                 for i in range(16):
                     c = COLS * k + 2 * i
-                    low = _bf16(rows[r, c]) if r < m and c < cols else np.uint32(0)
-                    high = _bf16(rows[r, c + 1]) if r < m and c + 1 < cols else np.uint32(0)
+                    low = bf16_bits(rows[r, c]) if r < m and c < cols else np.uint32(0)
+                    high = bf16_bits(rows[r, c + 1]) if r < m and c + 1 < cols else np.uint32(0)
                     packed[b, h, k, g, i, j] = low | (high << np.uint32(16))
     return packed
 
@@ -215,7 +216,7 @@ def _padded(bits, rows, cols):  # float32 bits uint32 [B, H, n, K] (any strides)
         if r < n:
             values = bits[b, h, r]
             for c in range(k):
-                line[c] = np.uint16(_bf16(values[c]))
+                line[c] = np.uint16(bf16_bits(values[c]))
         for c in range(k if r < n else 0, cols):
             line[c] = 0
     return out
@@ -272,7 +273,7 @@ def weight_rows(bits: np.ndarray) -> np.ndarray:
 
 
 def operands(x: np.ndarray, w: np.ndarray, out: np.ndarray, kind: str) -> tuple:
-    """x, W and out of products() (here or in bf16_gemm.py: `kind` names it in the error) as [B, H, r, c]
+    """x, W and out of products() (here or in avx512.py: `kind` names it in the error) as [B, H, r, c]
     views, checked: x float32 [..., m, K] (any strides), W bf16 bits uint16 [..., n', K'] as bf16_rows or
     weight_rows give them (n' - 32 < n <= n', K' - 32 < K <= K'), out float32 C-contiguous [..., m, n]."""
     x4, w4, o4 = _four(x), _four(w), _four(out)

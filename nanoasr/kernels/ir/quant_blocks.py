@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from nanoasr.kernels.vector_ir import F32, I8, I32, V16, bytes_of, lanes, load_vector, pick
+from nanoasr.kernels.ir.vector import F32, I8, I32, V16, bytes_of, lanes, load_vector, pick
 
 
-def _f16x8(builder, blk, off):
+def f16x8(builder, blk, off):
     """The 8 f16 at byte offset `off` of blk as <8 x float>: one whole-vector conversion (a scalar one would
     be loaded with vpinsrw, which LLVM merges into a live register: a false dependence across blocks)."""
     halves = builder.bitcast(load_vector(builder, blk, off, I8, 16), ir.VectorType(ir.HalfType(), 8))
@@ -24,12 +24,12 @@ def _signed_lanes(builder, v):
 
 def q8_0(builder, blk):
     """Q8_0 block (f16 d, 32 int8): one group of two vectors with scale d."""
-    d = lanes(builder, _f16x8(builder, blk, 0), [0] * 16)
+    d = lanes(builder, f16x8(builder, blk, 0), [0] * 16)
     q = _signed_lanes(builder, load_vector(builder, blk, 2, I8, 32))
     return [(d, [(q[0], 0), (q[1], 16)])], None
 
 
-def _scales_mins(builder, v):
+def scales_mins(builder, v):
     """Q4_K's 8 6-bit scales and mins as <8n x i8>, from the 12 packed bytes of each of n blocks (v: 16 bytes
     from byte 4 of each, side by side): scale/min j < 4 are the low 6 bits of bytes j / j+4; j >= 4 take bytes
     j+4's low / high nibble, with bits 6-7 of bytes j-4 / j on top."""
@@ -56,8 +56,8 @@ def q4_k(builder, blk):
     loads and widens in one instruction."""
     v8 = ir.VectorType(F32, 8)
     i32x16 = ir.VectorType(I32, 16)
-    dm = _f16x8(builder, blk, 0)
-    sc, mn = _scales_mins(builder, load_vector(builder, blk, 4, I8, 16))
+    dm = f16x8(builder, blk, 0)
+    sc, mn = scales_mins(builder, load_vector(builder, blk, 4, I8, 16))
     scf = builder.fmul(builder.uitofp(sc, v8), lanes(builder, dm, [0] * 8))
     mnf = builder.fmul(builder.uitofp(mn, v8), lanes(builder, dm, [1] * 8))
 
@@ -76,7 +76,7 @@ def q4_k(builder, blk):
 def q6_k(builder, blk):
     """Q6_K block (128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, f16 d): each 16 elements
     are a group with scale d*scale_i."""
-    d = _f16x8(builder, blk, 194)  # the 8 f16 ending the block: d is the last
+    d = f16x8(builder, blk, 194)  # the 8 f16 ending the block: d is the last
     scales = builder.sitofp(load_vector(builder, blk, 192, I8, 16), V16)
     scf = builder.fmul(scales, lanes(builder, d, [7] * 16))
 

@@ -22,17 +22,18 @@ from functools import cache
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nanoasr.kernels import target
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.quant_blocks import _f16x8, _scales_mins
-from nanoasr.kernels.rows_dot import ROWS, _RowsDot
-from nanoasr.kernels.vector_ir import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
+from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.ir.quant_blocks import f16x8, scales_mins
+from nanoasr.kernels.ir.rows_dot import ROWS, RowsDot
+from nanoasr.kernels.ir.vector import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
                                        load_vector, mac, pad16, pick, prefetch, splat, store_vector,
                                        unrolled_loop)
+from nanoasr.kernels.jit import njit
 
 PATHS = ("vnni", "avx2")
 KINDS = ("q8_0", "q4_k", "q6_k")
@@ -89,7 +90,7 @@ def _fn(builder, name, ret, params):
 
 
 @njit(cache=True)
-def _quantized(x, nb):  # x float32 [n <= 8, >= 32*nb] -> q int8 [pairs, nx, 64], d f32 [pairs, nx, 2],
+def quantized(x, nb):  # x float32 [n <= 8, >= 32*nb] -> q int8 [pairs, nx, 64], d f32 [pairs, nx, 2],
     # bias int32 [pairs, nx, 16], sums f32 [pairs, nx, 2] (pairs = ceil(nb/2): blocks 2p and 2p+1 of row r
     # side by side; bias: -128 times each four q; sums: d times the sum of a block's q)
     nx = 1 if x.shape[0] == 1 else 4 if x.shape[0] <= 4 else 8
@@ -118,7 +119,7 @@ def _quantized(x, nb):  # x float32 [n <= 8, >= 32*nb] -> q int8 [pairs, nx, 64]
 @intrinsic(prefer_literal=True)
 def int8_rows_dot(typingctx, kind, path, nx, data, q, d, bias, sums, nb, r0, r1, out):
     """out[:, r0:r1] = x @ W[r0:r1].T over the first nb blocks (of `kind`, in KINDS) of each row of data,
-    r1 - r0 <= ROWS, for x quantized as _quantized gives it (q, d, bias, sums); kind, path ("vnni" | "avx2")
+    r1 - r0 <= ROWS, for x as quantized() gives it (q, d, bias, sums); kind, path ("vnni" | "avx2")
     and nx are compile-time constants."""
     literal = (isinstance(kind, types.StringLiteral) and isinstance(path, types.StringLiteral)
                and isinstance(nx, types.IntegerLiteral))
@@ -133,7 +134,7 @@ def int8_rows_dot(typingctx, kind, path, nx, data, q, d, bias, sums, nb, r0, r1,
     return types.none(kind, path, nx, data, q, d, bias, sums, nb, r0, r1, out), codegen
 
 
-class _Int8RowsDot(_RowsDot):
+class _Int8RowsDot(RowsDot):
     """rows_dot's passes and reductions over Q8_0 rows, each step two blocks of int8 products."""
 
     def __init__(self, builder, kind, path, nx, data, q, d, bias, sums, out):
@@ -301,7 +302,7 @@ def q4_k_scales(b, blks):
     dmin gathered into one conversion (f16_fields)."""
     n = len(blks)
     vn = ir.VectorType(F32, 8 * n)
-    sc, mn = _scales_mins(b, concatenated(b, [load_vector(b, blk, 4, I8, 16) for blk in blks]))
+    sc, mn = scales_mins(b, concatenated(b, [load_vector(b, blk, 4, I8, 16) for blk in blks]))
     dm = f16_fields(b, [(blk, 2) for blk in blks])  # d, dmin of each block
     mins = b.fmul(b.uitofp(mn, vn), lanes(b, dm, [2 * (i // 8) + 1 for i in range(8 * n)]))
     return b.fmul(b.uitofp(sc, vn), lanes(b, dm, [2 * (i // 8) for i in range(8 * n)])), b.fsub(
@@ -335,7 +336,7 @@ def q6_k_scales(b, blks):
     side as <16n x float>; None: no mins)."""
     runs = []
     for blk in blks:
-        d = _f16x8(b, blk, 194)  # the 8 f16 ending the block: d is the last
+        d = f16x8(b, blk, 194)  # the 8 f16 ending the block: d is the last
         runs.append(b.fmul(b.sitofp(load_vector(b, blk, 192, I8, 16), V16), lanes(b, d, [7] * 16)))
     return concatenated(b, runs), None
 
@@ -399,7 +400,7 @@ def _driver(kind: str, path: str):
     per = BLOCKS[kind].size // 32
 
     def matvec(x, data, nb, out):
-        q, d, bias, sums = _quantized(x, nb * per)
+        q, d, bias, sums = quantized(x, nb * per)
         for t in prange((data.shape[0] + ROWS - 1) // ROWS):
             r0, r1 = t * ROWS, min(data.shape[0], (t + 1) * ROWS)
             if q.shape[1] == 1:

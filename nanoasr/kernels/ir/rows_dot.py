@@ -17,8 +17,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nanoasr.kernels import target
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.vector_ir import (F32, I8, I32, V16, i64, lane_sums, load_vector, mac, pad16,
+from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.ir.vector import (F32, I8, I32, V16, i64, lane_sums, load_vector, mac, pad16,
                                        prefetch, unrolled_loop)
 
 _TILE = 4096  # columns per pass: whole rows at these models' widths measured fastest
@@ -37,12 +37,12 @@ def rows_dot(typingctx, kind, nx, data, packed, sums, nb, r0, r1, out):
 
     def codegen(context, builder, sig, args):
         arrays = [context.make_array(sig.args[i])(context, builder, args[i]) for i in (2, 3, 4, 8)]
-        _RowsDot(builder, BLOCKS[kind.literal_value], nx.literal_value, *arrays).emit(*args[5:8])
+        RowsDot(builder, BLOCKS[kind.literal_value], nx.literal_value, *arrays).emit(*args[5:8])
         return context.get_dummy_value()
     return types.none(kind, nx, data, packed, sums, nb, r0, r1, out), codegen
 
 
-class _RowsDot:
+class RowsDot:
     """The intrinsic's code, for one block type and nx rows of x."""
 
     def __init__(self, builder, block, nx, data, packed, sums, out):

@@ -9,7 +9,7 @@ columns and group of 16 rows, 16 lines of 64 bytes, line p holding columns 2p an
 rows (a transpose of the 16 rows' words in registers). A kernel call takes 8 rows of x against the panel:
 per pair of columns, each row's pair of bf16 broadcast meets the two groups' lines in one vdpbf16ps each (16
 float32 sums, each adding the two products), 16 accumulators of 16 lanes in all. The numpy twin is
-nanoasr.ops.products_xp (BLAS on the rounded operands).
+nanoasr.backend.xp.products_xp (BLAS on the rounded operands).
 
 LLVM takes the instruction's operands as vectors of bfloat, a type llvmlite's IR builder lacks:
 _bf16_pairs names it.
@@ -22,13 +22,15 @@ from functools import cache
 import numpy as np
 from llvmlite import ir
 from llvmlite.ir import types as ir_types
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from nanoasr.kernels import amx, target
-from nanoasr.kernels.vector_ir import (I8, I32, V16, i64, load_vector, prefetch, splat, store_rows,
+from nanoasr.kernels import target
+from nanoasr.kernels.bf16 import amx
+from nanoasr.kernels.ir.vector import (I8, I32, V16, i64, load_vector, prefetch, splat, store_rows,
                                        store_vector, transposed)
+from nanoasr.kernels.jit import njit
 
 PANEL = 32  # weight rows a task packs: two groups of 16
 X_ROWS = 8  # rows of x per kernel call: 16 accumulators of the 32 AVX-512 registers

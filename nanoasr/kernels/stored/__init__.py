@@ -1,21 +1,21 @@
 """Numba CPU kernels over weights in their stored type: x @ W.T for a few rows of x, x quantized to int8
 against block-quantized W for any number of rows, and widening to float32.
 
-The entry points check their arguments and call one driver per storage type: matvec.py (the product, its
-inner loop in rows_dot.py), int8_dot.py and int8_gemm.py (int8 rows) and widen.py, over the block layouts of
-blocks.py, written as LLVM vector code with vector_ir.py. Importing this module compiles nothing; each driver
-compiles on its first call and is cached on disk (cache=True).
+The entry points here check their arguments and call one driver per storage type: float_rows.py (float32
+rows, the inner loop in ir/rows_dot.py), nanoasr.kernels.int8 (int8 rows: dot.py, gemm.py) and widening.py,
+over the block layouts of ir/blocks.py, written as LLVM vector code with ir/vector.py. Importing this package
+compiles nothing; each driver compiles on its first call and is cached on disk (cache=True).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.int8_dot import KINDS as MATVEC_INT8_KINDS
-from nanoasr.kernels.int8_dot import MATVEC_INT8
-from nanoasr.kernels.int8_gemm import GEMM_INT8
-from nanoasr.kernels.matvec import MATVEC
-from nanoasr.kernels.widen import WIDEN
+from nanoasr.kernels.int8.dot import KINDS as MATVEC_INT8_KINDS
+from nanoasr.kernels.int8.dot import MATVEC_INT8
+from nanoasr.kernels.int8.gemm import GEMM_INT8
+from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.stored.float_rows import MATVEC
+from nanoasr.kernels.stored.widening import WIDEN
 from nanoasr.storage import STORED_NUMPY
 
 QK = {kind: (BLOCKS[kind].size, BLOCKS[kind].nbytes) for kind in ("q8_0", "q4_k", "q6_k")}  # values, bytes
@@ -68,7 +68,7 @@ def matvec(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, ou
 def matvec_int8(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, out: np.ndarray,
                 path: str) -> np.ndarray:
     """out[B, rows] = x[B, cols] @ W.T for W stored as `data` in `dtype` (q8_0, q4_k, q6_k), x quantized per
-    32-column block to int8 (int8_dot.py; path "vnni" or "avx2", see int8_dot.host_path)."""
+    32-column block to int8 (int8/dot.py; path "vnni" or "avx2", see int8.dot.host_path)."""
     if dtype not in MATVEC_INT8_KINDS:
         raise ValueError(f"int8 activations need q8_0, q4_k or q6_k weights; got {dtype!r}")
     data = _product_operands(x, data, dtype, rows, cols, out)
@@ -81,7 +81,7 @@ def gemm_int8(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int,
               path: str) -> np.ndarray:
     """out[B, rows] = x[B, cols] @ W.T for W in `dtype` (q8_0, q4_k, q6_k), x quantized per 32-column block to
     int8 as matvec_int8 quantizes it, for many rows of x: the weights packed once for all of them
-    (int8_gemm.py; path "vnni" or "avx2": the same bits)."""
+    (int8/gemm.py; path "vnni" or "avx2": the same bits)."""
     if dtype not in MATVEC_INT8_KINDS:
         raise ValueError(f"int8 activations need q8_0, q4_k or q6_k weights; got {dtype!r}")
     data = _product_operands(x, data, dtype, rows, cols, out)

@@ -7,16 +7,16 @@ task one rows_dot.
 Every driver is built from one definition, its type's name a compile-time constant. numba's disk cache files
 each under its own name and keys it on the closure's values: plain strings and numbers, the same in every
 process (a closure over an intrinsic would compile in every process: its pickle holds a per-process id). The
-cache notices changes to this file only: after editing vector_ir, blocks, quant_blocks or rows_dot, touch
-this file (and widen.py) so that the drivers compile again.
+key also holds the digest of the kernel sources (jit.py), so an edit to the IR they call compiles them again.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from nanoasr.kernels.blocks import BLOCKS
-from nanoasr.kernels.rows_dot import ROWS, rows_dot
+from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.ir.rows_dot import ROWS, rows_dot
+from nanoasr.kernels.jit import njit
 
 _REASSOC = {"reassoc", "contract"}  # lets the vectoriser keep per-lane partial sums
 
