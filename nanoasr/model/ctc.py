@@ -5,7 +5,6 @@ Fun-ASR-Nano-2512's model.pt carries it; its posteriors give word timestamps and
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from nanoasr.errors import ModelError
 from nanoasr.model.adaptor import transformer_block
 from nanoasr.model.ctc_vocab import CtcVocabulary
 from nanoasr.model.layouts import funasr_transformer_name
+from nanoasr.model.shapes import layer_count
 from nanoasr.ops import linear
 from nanoasr.tensor import StoredTensor
 
@@ -80,7 +80,6 @@ def config_from(tensors: dict[str, StoredTensor], yaml: dict | None, where: str)
     defaults where it says nothing)."""
     ffn, input_size = tensors[f"{P}linear_1.weight"].shape
     vocab, hidden = tensors["ctc.ctc_lo.weight"].shape
-    layers = {int(m.group(1)) for n in tensors for m in [re.match(rf"{P}layers\.(\d+)\.", n)] if m}
     yaml = yaml or {}
     conf, ctc_conf = yaml.get("ctc_decoder_conf") or {}, yaml.get("ctc_conf") or {}
     if not isinstance(conf, dict) or not isinstance(ctc_conf, dict):
@@ -88,7 +87,7 @@ def config_from(tensors: dict[str, StoredTensor], yaml: dict | None, where: str)
     if _yaml_int(conf, "downsample_rate", 1, where) != 1:
         raise ModelError(f"{where}: config.yaml: ctc_decoder_conf.downsample_rate must be 1")
     vocab = _yaml_int(yaml, "ctc_vocab_size", vocab, where)
-    return CtcConfig(input_size, ffn, hidden, max(layers, default=-1) + 1,
+    return CtcConfig(input_size, ffn, hidden, layer_count(tensors, f"{P}layers.", where),
                      _yaml_int(conf, "attention_heads", 8, where), vocab,
                      _yaml_int(ctc_conf, "blank_id", vocab - 1, where))
 

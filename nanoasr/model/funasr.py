@@ -28,10 +28,10 @@ YAML_ADAPTOR = {"attention_heads": "num_attention_heads", "n_layer": "num_hidden
 YAML_FRONTEND = {"n_mels": "num_mel_bins", "lfr_m": "num_stacked_frames"}
 
 
-def funasr_layout(names) -> Config:
+def funasr_layout(names, where: str) -> Config:
     """The encoder layer counts FunASR's names show (encoders0, encoders, tp_encoders): enough to map them."""
-    main = layer_count(names, "audio_encoder.encoders.")
-    timestamp = layer_count(names, "audio_encoder.tp_encoders.")
+    main = layer_count(names, "audio_encoder.encoders.", where)
+    timestamp = layer_count(names, "audio_encoder.tp_encoders.", where)
     return Config(audio=config_mod.AudioConfig(num_hidden_layers=1 + main + timestamp,
                                                num_timestamp_prediction_layers=timestamp))
 
@@ -141,7 +141,7 @@ def load_funasr(weights: Path) -> Checkpoint:
         raise ModelError(f"{where}: no audio_encoder.* tensors; expected FunASR's Fun-ASR-Nano state dict "
                          f"(audio_encoder, audio_adaptor, llm)")
     files = _qwen_files(weights.parent)
-    tensors = _drop_tied_head(to_logical(raw, funasr_layout(raw)))
+    tensors = _drop_tied_head(to_logical(raw, funasr_layout(raw, where)))
     raw_yaml = _read_yaml(weights.parent / "config.yaml")
     config = _funasr_config(weights.parent, tensors, raw_yaml, where)
     validate(tensors, config, where)
