@@ -12,9 +12,11 @@ import os
 import reprlib
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from nanoasr.errors import ModelError
 
+MAX_RANK = 8  # dimensions of a tensor: no weight has more than GGUF's 4; far fewer than a hostile file states
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlong, _REPR.maxstring, _REPR.maxother = 3, 40, 60, 60
 
@@ -48,34 +50,33 @@ def dims(shape: tuple, max_rank: int, limit: int, what: str, where: str) -> tupl
     return shape
 
 
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading when it is a regular file. It is opened without blocking and checked on the
+    open descriptor, so a FIFO or a device is refused (OSError) rather than waited on or read without end."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file (a FIFO, a device or a directory)")
+    return os.fdopen(fd, "rb")
+
+
 def read_file(path: Path, limit: int, what: str) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes. It is opened without blocking and checked on the
-    open descriptor, so a FIFO, a device or a directory is refused rather than read (or waited on)."""
+    """The bytes of a regular file of at most `limit` bytes."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open_regular(path) as f:
+            data = f.read(limit + 1)
     except FileNotFoundError:
         raise ModelError(f"{path}: {what} not found") from None
     except OSError as exc:
         raise ModelError(f"{path}: {what} cannot be read ({exc})") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ModelError(f"{path}: {what} is not a regular file (a FIFO, device or directory); "
-                             f"expected a file")
-        if info.st_size > limit:
-            raise ModelError(f"{path}: {what} is {info.st_size} bytes, more than the {limit} expected")
-        try:
-            data = f.read(limit + 1)
-        except OSError as exc:
-            raise ModelError(f"{path}: {what} cannot be read ({exc})") from None
-    if len(data) > limit:  # grew while being read
+    if len(data) > limit:
         raise ModelError(f"{path}: {what} is more than the {limit} bytes expected")
     return data
 
 
 def regular_file(path: Path, what: str) -> Path:
-    """`path` when it names a regular file (symlinks followed); a FIFO or device is refused before any
-    open, which would wait on it."""
+    """`path` when it names a regular file (symlinks followed): a FIFO or a device is refused before anything
+    opens it and waits."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -83,6 +84,6 @@ def regular_file(path: Path, what: str) -> Path:
     except OSError as exc:
         raise ModelError(f"{path}: {what} cannot be read ({exc})") from None
     if not stat.S_ISREG(mode):
-        raise ModelError(f"{path}: {what} is not a regular file (a FIFO, device or directory); expected a "
-                         f"file")
+        raise ModelError(f"{path}: {what} cannot be read (not a regular file: a FIFO, a device or a "
+                         f"directory)")
     return path

@@ -36,12 +36,11 @@ STORAGE_TYPES = {
     "LongStorage": (np.int64, None), "IntStorage": (np.int32, None), "ShortStorage": (np.int16, None),
     "CharStorage": (np.int8, None), "ByteStorage": (np.uint8, None), "BoolStorage": (np.bool_, None),
 }
-MAX_PICKLE_BYTES = 64 << 20  # ~130 bytes a tensor (name, shape): FunASR's 1,347 tensors need ~0.2 MB
+MAX_PICKLE_BYTES = 16 << 20  # ~130 bytes a tensor (name, shape): FunASR's 1,347 tensors need ~0.2 MB
 CONTAINERS = ("state_dict", "model_state_dict", "model")  # unwrapped in this order, as FunASR does
 LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then name and extra-field lengths at byte 26
 MAX_DEPTH = 64  # a state dict nests a few levels (containers, a tensor, its shape); CPython's hash of a
 #                 tuple nested 300,000 deep overflows the C stack
-MAX_RANK = 8  # no weight has more than 3 dimensions; torch's own limit is far above any checkpoint's
 MAX_BYTEORDER_BYTES = 16  # b"little" or b"big"
 # what zipfile raises on a damaged archive or member (zlib.error: a corrupt deflated stream)
 ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError, ValueError,
@@ -287,7 +286,7 @@ def _check_ref(ref: TensorRef, name: str, path: Path, file_size: int) -> None:
             and all(map(_is_count, ref.stride))):
         raise ModelError(f"{path}: tensor {name}: expected a storage, a non-negative offset and matching "
                          f"size and stride tuples, found {bounds.short(tuple(ref))}")
-    bounds.count(len(ref.shape), MAX_RANK, f"tensor {name}: the number of dimensions", str(path))
+    bounds.count(len(ref.shape), bounds.MAX_RANK, f"tensor {name}: the number of dimensions", str(path))
     count = math.prod(ref.shape)
     extent = ref.offset + sum((n - 1) * s for n, s in zip(ref.shape, ref.stride)) + 1
     if count and extent > ref.storage.numel:
@@ -296,8 +295,8 @@ def _check_ref(ref: TensorRef, name: str, path: Path, file_size: int) -> None:
     if count > ref.storage.numel:  # zero strides repeat elements: a copy of such a view could be any size
         raise ModelError(f"{path}: tensor {name}: {count} elements from a storage of {ref.storage.numel}; "
                          f"expected a tensor that owns its elements")
-    bounds.dims(ref.shape, MAX_RANK, file_size, f"tensor {name} shape", str(path))
-    bounds.dims(ref.stride, MAX_RANK, file_size, f"tensor {name} strides", str(path))
+    bounds.dims(ref.shape, bounds.MAX_RANK, file_size, f"tensor {name} shape", str(path))
+    bounds.dims(ref.stride, bounds.MAX_RANK, file_size, f"tensor {name} strides", str(path))
     bounds.count(ref.offset, file_size, f"tensor {name} storage offset", str(path))
 
 

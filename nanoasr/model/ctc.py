@@ -10,6 +10,7 @@ from pathlib import Path
 
 from nanoasr.backend import array_module, to_numpy
 from nanoasr.errors import ModelError
+from nanoasr.formats import bounds
 from nanoasr.model.adaptor import transformer_block
 from nanoasr.model.ctc_vocab import CtcVocabulary
 from nanoasr.model.layouts import funasr_transformer_name
@@ -71,7 +72,7 @@ def expected_tensors(cfg: CtcConfig) -> dict[str, tuple[int, ...]]:
 def _yaml_int(section: dict, key: str, default: int, where: str) -> int:
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ModelError(f"{where}: {key} must be an integer, found {value!r}")
+        raise ModelError(f"{where}: {key} must be an integer, found {bounds.short(value)}")
     return value
 
 
@@ -106,6 +107,17 @@ def _problem(tensors: dict[str, StoredTensor], yaml: dict | None, where: str) ->
     for name, t in tensors.items():
         if tuple(t.shape) != expected.get(name, ()):
             return f"its CTC tensor {name} has shape {list(t.shape)}, expected {list(expected.get(name, ()))}"
+    return _config_problem(config_from(tensors, yaml, where))
+
+
+def _config_problem(cfg: CtcConfig) -> str | None:
+    """What in config.yaml keeps the branch from running: heads that do not split the width, a blank id
+    outside the vocabulary."""
+    if cfg.num_attention_heads < 1 or cfg.hidden_size % cfg.num_attention_heads:
+        return (f"its ctc_decoder_conf.attention_heads is {cfg.num_attention_heads}, which does not split the "
+                f"CTC decoder's width {cfg.hidden_size} into heads")
+    if not 0 <= cfg.blank_id < cfg.vocab_size:
+        return f"its ctc_conf.blank_id is {cfg.blank_id}, outside the CTC vocabulary (0 to {cfg.vocab_size - 1})"
     return None
 
 
@@ -120,8 +132,11 @@ def load(raw: dict[str, StoredTensor], yaml: dict | None, folder: Path,
             problem = f"{folder / VOCAB_FILE} is missing (the CTC vocabulary)"
         if problem is not None:
             return None, problem
-        vocabulary = CtcVocabulary.read(folder / VOCAB_FILE)
-        return CtcBranch(config_from(tensors, yaml, where), tensors, vocabulary), None
+        config, vocabulary = config_from(tensors, yaml, where), CtcVocabulary.read(folder / VOCAB_FILE)
+        if vocabulary.n_ranks > config.vocab_size:
+            return None, (f"{folder / VOCAB_FILE} ranks {vocabulary.n_ranks} tokens, more than the "
+                          f"{config.vocab_size} rows of ctc.ctc_lo")
+        return CtcBranch(config, tensors, vocabulary), None
     except ModelError as exc:
         return None, str(exc)
 
