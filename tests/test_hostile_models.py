@@ -4,7 +4,6 @@ huge numbers and non-regular files each give one ModelError, and a bad CTC branc
 The bombs load in a child process under a memory limit and a time limit."""
 import os
 import pickle
-import shutil
 import struct
 import subprocess
 import sys
@@ -51,7 +50,8 @@ def load_bounded(*args) -> str:
 
 # --- handmade torch.save archives --------------------------------------------------------------------------
 
-def archive(path, pickled: bytes, members=None, compress=zipfile.ZIP_STORED, pickle_compress=zipfile.ZIP_STORED):
+def archive(path, pickled: bytes, members=None, compress=zipfile.ZIP_STORED,
+            pickle_compress=zipfile.ZIP_STORED):
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("archive/data.pkl", pickled, compress_type=pickle_compress)
         z.writestr("archive/byteorder", b"little")
@@ -176,8 +176,10 @@ def llamacpp_pair(tiny_dir, tmp_path_factory):
     return funasr_llamacpp.write(tiny_dir, tmp_path_factory.mktemp("pair"), "f32", "bf16")
 
 
-def test_a_288_byte_decoder_naming_layer_100000000_is_refused_before_the_name_table(llamacpp_pair, tmp_path):
-    decoder = small_gguf(tmp_path / "decoder.gguf", "qwen3", {"blk.100000000.attn_norm.weight": np.ones(1, np.float32)})
+def test_a_288_byte_decoder_naming_layer_100000000_is_refused_before_the_name_table(llamacpp_pair,
+                                                                                    tmp_path):
+    tensors = {"blk.100000000.attn_norm.weight": np.ones(1, np.float32)}
+    decoder = small_gguf(tmp_path / "decoder.gguf", "qwen3", tensors)
     assert decoder.stat().st_size < 400
     out = load_bounded(llamacpp_pair / funasr_llamacpp.ENCODER_FILE, decoder)
     assert "layer number in blk.N '100000000' is out of range (expected below 1)" in out
@@ -190,8 +192,9 @@ TOKEN_TYPES = [("tokenizer.ggml.token_type", [1, 1, 1], GGUFValueType.ARRAY, GGU
 
 def test_a_crispasr_file_naming_layer_100000000_is_refused_before_the_name_table(tmp_path):
     keys = TOKENIZER + [("funasr.n_blocks_base", 1, GGUFValueType.UINT32, None)]
-    path = small_gguf(tmp_path / "funasr.gguf", "funasr", {"funasr.enc.blk.0.norm1.w": np.ones(1, np.float32),
-                                                           "blk.100000000.attn_norm.weight": np.ones(1, np.float32)}, keys)
+    tensors = {"funasr.enc.blk.0.norm1.w": np.ones(1, np.float32),
+               "blk.100000000.attn_norm.weight": np.ones(1, np.float32)}
+    path = small_gguf(tmp_path / "funasr.gguf", "funasr", tensors, keys)
     assert "layer number in blk.N '100000000' is out of range (expected below 2)" in load_bounded(path)
 
 

@@ -137,7 +137,8 @@ def _rope_theta(text: dict, where: str) -> float:
     if theta is None:
         raise ModelError(f"{where}: text_config has neither rope_theta nor rope_parameters.rope_theta")
     if params.get("rope_type", "default") != "default":
-        raise ModelError(f"{where}: rope_type {bounds.short(params['rope_type'])} is not supported (expected 'default')")
+        raise ModelError(f"{where}: rope_type {bounds.short(params['rope_type'])} is not supported "
+                         f"(expected 'default')")
     return _number(theta, where, "text_config.rope_theta")
 
 
@@ -200,7 +201,8 @@ def check(config: Config, where: str) -> None:
         (p.projector_hidden_act in ACTIVATIONS,
          f"adaptor_config.projector_hidden_act must be one of {ACTIVATIONS}, "
          f"found {bounds.short(p.projector_hidden_act)}"),
-        (t.hidden_act in TEXT_ACTIVATIONS, f"text_config.hidden_act must be 'silu', found {bounds.short(t.hidden_act)}"),
+        (t.hidden_act in TEXT_ACTIVATIONS,
+         f"text_config.hidden_act must be 'silu', found {bounds.short(t.hidden_act)}"),
         (t.tie_word_embeddings,
          "tie_word_embeddings must be true (Fun-ASR-Nano ties the LM head to the embeddings)"),
         (a.hidden_size % a.num_attention_heads == 0,

@@ -114,10 +114,11 @@ def _config_problem(cfg: CtcConfig) -> str | None:
     """What in config.yaml keeps the branch from running: heads that do not split the width, a blank id
     outside the vocabulary."""
     if cfg.num_attention_heads < 1 or cfg.hidden_size % cfg.num_attention_heads:
-        return (f"its ctc_decoder_conf.attention_heads is {cfg.num_attention_heads}, which does not split the "
-                f"CTC decoder's width {cfg.hidden_size} into heads")
+        return (f"its ctc_decoder_conf.attention_heads is {cfg.num_attention_heads}, which does not split "
+                f"the CTC decoder's width {cfg.hidden_size} into heads")
     if not 0 <= cfg.blank_id < cfg.vocab_size:
-        return f"its ctc_conf.blank_id is {cfg.blank_id}, outside the CTC vocabulary (0 to {cfg.vocab_size - 1})"
+        return (f"its ctc_conf.blank_id is {cfg.blank_id}, outside the CTC vocabulary "
+                f"(0 to {cfg.vocab_size - 1})")
     return None
 
 

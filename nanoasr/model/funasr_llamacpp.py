@@ -79,7 +79,8 @@ def _encoder_tensors(tensors: dict[str, StoredTensor], where: str) -> dict[str, 
 
 
 def _decoder_tensors(tensors: dict[str, StoredTensor], where: str) -> dict[str, StoredTensor]:
-    logical_of = {ours: logical for logical, ours in qwen3_names(layer_count(tensors, "blk.", where)).items()}
+    n_layers = layer_count(tensors, "blk.", where)
+    logical_of = {ours: logical for logical, ours in qwen3_names(n_layers).items()}
     logical_of["output.weight"] = "lm_head.weight"  # present when the head is not tied
     unknown = [name for name in tensors if name not in logical_of]
     if unknown:

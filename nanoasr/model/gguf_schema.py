@@ -62,7 +62,7 @@ def _embedded_files(values: dict) -> dict[str, str]:
             continue
         try:
             parsed = json.loads(value)
-        except (ValueError, RecursionError):  # JSONDecodeError, or a number of more digits than Python converts
+        except (ValueError, RecursionError):  # JSONDecodeError, or a number of too many digits to convert
             continue
         if isinstance(parsed, dict) and "text_config" in parsed:
             files.setdefault("config.json", value)
