@@ -29,7 +29,7 @@ from nanoasr.model.load import load_checkpoint
 from tools.reference import audiocpp, crispasr, funasr_checkpoint, funasr_llamacpp, transcribe_cpp
 
 AUDIO_EXAMPLES, CHECKPOINT_EXAMPLES = 60, 25
-MODEL_FILE_EXAMPLES = int(os.environ.get("NANOASR_FUZZ_EXAMPLES", "40"))
+MODEL_FILE_EXAMPLES = int(os.environ.get("NANOASR_FUZZ_EXAMPLES", "10"))  # each load reads an 18 MB tokenizer
 SECONDS_PER_EXAMPLE = 60  # a hang, not a slow example, is what this bound catches
 PEAK_MB = 400  # Python-visible allocations (numpy's included) while one example runs
 CHILD_HEADROOM = 2 << 30  # address space a forked fuzzer may add to its parent's
