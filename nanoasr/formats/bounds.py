@@ -54,9 +54,11 @@ def open_regular(path: Path) -> BinaryIO:
     """`path` opened for reading when it is a regular file. It is opened without blocking and checked on the
     open descriptor, so a FIFO or a device is refused (OSError) rather than waited on or read without end."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
         os.close(fd)
-        raise OSError(f"{path} is not a regular file (a FIFO, a device or a directory)")
+        kind = IsADirectoryError if stat.S_ISDIR(mode) else OSError
+        raise kind(f"{path} is not a regular file (a FIFO, a device or a directory)")
     return os.fdopen(fd, "rb")
 
 

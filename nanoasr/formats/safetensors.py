@@ -92,8 +92,9 @@ def read(path: str | Path) -> dict[str, StoredTensor]:
 
 def _weight_map(index: Path) -> dict[str, str]:
     try:
-        parsed = json.loads(bounds.read_file(index, MAX_HEADER_BYTES, "safetensors index"))
-    except (ValueError, RecursionError) as exc:
+        with bounds.open_regular(index) as f:
+            parsed = json.loads(f.read(MAX_HEADER_BYTES + 1))  # a longer file is cut short: invalid JSON
+    except (OSError, ValueError, RecursionError) as exc:
         raise ModelError(f"{index}: not a valid safetensors index ({type(exc).__name__}: {exc})") from None
     if not isinstance(parsed, dict):
         raise ModelError(f"{index}: expected a JSON object with a weight_map, found {type(parsed).__name__}")
