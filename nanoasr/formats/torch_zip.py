@@ -49,7 +49,6 @@ ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplemente
 _ADDS_TO_CONTAINER = {"APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "BUILD"}
 _MEMO_WRITES = {"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"}
 _MEMO_READS = {"GET", "BINGET", "LONG_BINGET"}
-_MARK = object()
 
 
 class StorageKind(NamedTuple):
@@ -147,63 +146,73 @@ def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, pa
     return data
 
 
-def _pop(stack: list, n: int) -> list:
-    if n > len(stack) or _MARK in stack[len(stack) - n:]:
-        raise ValueError("an opcode takes more values than the stack holds")
-    popped = stack[len(stack) - n:]
-    del stack[len(stack) - n:]
-    return popped
+class _Depths:
+    """The unpickler's stack as the nesting depth of each value, marks kept apart (a scan for the last mark
+    on every opcode would take quadratic time), and the memo's depths by index."""
 
+    def __init__(self):
+        self.stack, self.marks, self.memo = [], [], {}
 
-def _pop_to_mark(stack: list) -> list:
-    if _MARK not in stack:
-        raise ValueError("an opcode takes a mark the stack does not hold")
-    at = len(stack) - 1 - stack[::-1].index(_MARK)
-    popped = stack[at + 1:]
-    del stack[at:]
-    return popped
+    def pop(self, n: int) -> list:
+        floor = self.marks[-1] if self.marks else 0
+        if n > len(self.stack) - floor:
+            raise ValueError("an opcode takes more values than the stack holds")
+        popped = self.stack[len(self.stack) - n:]
+        del self.stack[len(self.stack) - n:]
+        return popped
 
+    def pop_to_mark(self) -> list:
+        if not self.marks:
+            raise ValueError("an opcode takes a mark the stack does not hold")
+        at = self.marks.pop()
+        popped = self.stack[at:]
+        del self.stack[at:]
+        return popped
 
-def _memo_step(stack: list, memo: dict, name: str, arg) -> None:
-    if name in _MEMO_READS:
-        stack.append(memo.get(arg, 0))
-        return
-    key = len(memo) if name == "MEMOIZE" else arg
-    if key > len(memo):  # picklers number the memo 0, 1, 2, ...: a larger index only sizes a huge table
-        raise ValueError(f"memo index {bounds.short(key)} skips past the {len(memo)} entries written")
-    memo[key] = stack[-1] if stack and stack[-1] is not _MARK else 0
+    def memo_step(self, name: str, arg) -> None:
+        if name in _MEMO_READS:
+            self.stack.append(self.memo.get(arg, 0))
+            return
+        key = len(self.memo) if name == "MEMOIZE" else arg
+        if key > len(self.memo):  # picklers number the memo 0, 1, 2, ...: a larger index only sizes a table
+            raise ValueError(f"memo index {bounds.short(key)} skips past the {len(self.memo)} entries "
+                             f"written")
+        self.memo[key] = self.stack[-1] if len(self.stack) > (self.marks[-1] if self.marks else 0) else 0
 
-
-def _step(stack: list, memo: dict, op, arg) -> None:
-    """One opcode on a stack of nesting depths: a new object is one deeper than what it holds."""
-    if op.name in _MEMO_WRITES or op.name in _MEMO_READS:
-        _memo_step(stack, memo, op.name, arg)
-        return
-    before = op.stack_before
-    if pickletools.markobject in before:
-        inside = _pop_to_mark(stack)
-        below = _pop(stack, before.index(pickletools.markobject))
-    else:
-        inside, below = [], _pop(stack, len(before))
-    if op.name == "DUP":
-        depth = below[0]
-    elif op.name in _ADDS_TO_CONTAINER:
-        depth = max([below[0]] + [1 + d for d in below[1:] + inside])
-    else:
-        depth = 1 + max(below + inside, default=-1)
-    if depth > MAX_DEPTH:
-        raise ValueError(f"values nest more than {MAX_DEPTH} deep (a state dict nests a few levels)")
-    stack.extend(_MARK if item is pickletools.markobject else depth for item in op.stack_after)
+    def step(self, op, arg) -> None:
+        """One opcode: a new object is one deeper than what it holds."""
+        if op.name in _MEMO_WRITES or op.name in _MEMO_READS:
+            self.memo_step(op.name, arg)
+            return
+        before = op.stack_before
+        if pickletools.markobject in before:
+            inside = self.pop_to_mark()
+            below = self.pop(before.index(pickletools.markobject))
+        else:
+            inside, below = [], self.pop(len(before))
+        if op.name == "DUP":
+            depth = below[0]
+        elif op.name in _ADDS_TO_CONTAINER:
+            depth = max([below[0]] + [1 + d for d in below[1:] + inside])
+        else:
+            depth = 1 + max(below + inside, default=-1)
+        if depth > MAX_DEPTH:
+            raise ValueError(f"values nest more than {MAX_DEPTH} deep (a state dict nests a few levels)")
+        for item in op.stack_after:
+            if item is pickletools.markobject:
+                self.marks.append(len(self.stack))
+            else:
+                self.stack.append(depth)
 
 
 def _check_opcodes(data: bytes, path: Path) -> None:
     """Nesting depth and memo indices, read from the opcodes before anything is built: the C unpickler
     sizes its memo from the largest index it is given, and a tuple nested 300,000 deep crashes CPython
     when it is hashed as a key."""
-    stack, memo = [], {}
+    depths = _Depths()
     try:
         for op, arg, _ in pickletools.genops(data):
-            _step(stack, memo, op, arg)
+            depths.step(op, arg)
     except ValueError as exc:  # genops' own errors too: an unknown opcode, an argument past the end
         raise ModelError(f"{path}: data.pkl is refused ({exc})") from None
 
