@@ -1,10 +1,19 @@
-"""Mutated WAV, FLAC, MP3, safetensors and GGUF files: a NanoasrError or a transcript, never another
-exception, within a time and memory bound. Bounded by example count so the suite stays short."""
+"""Mutated WAV, FLAC, MP3, safetensors and GGUF files, FunASR's model.pt (zip and pickle), the other
+runtimes' GGUF layouts, config.json and config.yaml: a NanoasrError, a transcript or a checkpoint, never
+another exception, within a time and memory bound. Bounded by example count so the suite stays short;
+NANOASR_FUZZ_EXAMPLES raises the count of the model-file fuzzers for a longer run."""
 import io
 import json
+import os
+import resource
+import select
 import shutil
+import signal
 import struct
+import time
+import traceback
 import tracemalloc
+import zipfile
 
 import numpy as np
 import pytest
@@ -17,10 +26,13 @@ from nanoasr import convert
 from nanoasr.api import Model
 from nanoasr.checkpoints.load import load_checkpoint
 from nanoasr.errors import NanoasrError
+from tools.reference import audiocpp, crispasr, funasr_checkpoint, funasr_llamacpp, transcribe_cpp
 
 AUDIO_EXAMPLES, CHECKPOINT_EXAMPLES = 60, 25
+MODEL_FILE_EXAMPLES = int(os.environ.get("NANOASR_FUZZ_EXAMPLES", "10"))  # each load reads an 18 MB tokenizer
 SECONDS_PER_EXAMPLE = 60  # a hang, not a slow example, is what this bound catches
 PEAK_MB = 400  # Python-visible allocations (numpy's included) while one example runs
+CHILD_HEADROOM = 2 << 30  # address space a forked fuzzer may add to its parent's
 
 
 def fuzz(examples: int):
@@ -205,3 +217,140 @@ def test_configs_of_the_wrong_kind(tiny_dir, tmp_path_factory, wave_bytes):
         shutil.rmtree(folder)
 
     check()
+
+
+# --- model files, fuzzed in a forked child under an address-space limit -------------------------------------
+
+def in_limited_child(run, seconds: int) -> None:
+    """run() in a forked child whose address space is limited (RLIMIT_AS: a bomb fails there, not here);
+    its assertion or exception is this test's failure, and so is a crash or a run past `seconds`."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        code = 0
+        try:
+            limit = address_space() + CHILD_HEADROOM
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            run()
+        except BaseException:  # everything, so the child always exits here and never returns into pytest
+            os.write(write_end, traceback.format_exc()[-20000:].encode())
+            code = 1
+        os._exit(code)
+    os.close(write_end)
+    try:
+        report, status = _wait(pid, read_end, seconds)
+    finally:
+        os.close(read_end)
+    assert status == 0, f"child exit status {status}: {report}"
+
+
+def address_space() -> int:
+    """This process's virtual size (VmSize), in bytes."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+
+
+def _wait(pid: int, read_end: int, seconds: int) -> tuple[str, int]:
+    chunks, deadline = [], time.monotonic() + seconds
+    while True:
+        ready, _, _ = select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(read_end, 65536) if ready else b""
+        if ready and chunk:
+            chunks.append(chunk)
+            continue
+        if not ready:  # past the deadline: a hang
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return f"no result within {seconds} s", -1
+        _, status = os.waitpid(pid, 0)
+        return b"".join(chunks).decode(errors="replace"), status
+
+
+def fuzz_loading(seed: bytes, hot: int, write, target):
+    """MODEL_FILE_EXAMPLES mutations of `seed` written by write(data), each loaded from target() in the
+    limited child: a NanoasrError or a checkpoint, within the memory bound."""
+    @fuzz(MODEL_FILE_EXAMPLES)
+    @given(data=mutated(seed, hot=hot))
+    def check(data):
+        write(data)
+        bounded(lambda: load_checkpoint(*target()))
+
+    in_limited_child(check, seconds=MODEL_FILE_EXAMPLES * SECONDS_PER_EXAMPLE)
+
+
+def gguf_hot(path) -> int:
+    return GGUFReader(path).data_offset
+
+
+@pytest.fixture(scope="module")
+def funasr_folder(tiny_dir, tmp_path_factory):
+    pytest.importorskip("torch")
+    return funasr_checkpoint.write(tiny_dir, tmp_path_factory.mktemp("funasr"))
+
+
+def linked_copy(folder, tmp_path_factory):
+    """`folder` with every entry a link, so a case replaces one file without touching the seed."""
+    out = tmp_path_factory.mktemp("fuzzed")
+    for f in folder.iterdir():
+        (out / f.name).symlink_to(f)
+    return out
+
+
+def replaced(folder, name: str):
+    def write(data: bytes):
+        (folder / name).unlink(missing_ok=True)
+        (folder / name).write_bytes(data)
+    return write
+
+
+def test_mutated_model_pt(funasr_folder, tmp_path_factory):
+    folder = linked_copy(funasr_folder, tmp_path_factory)
+    seed = (funasr_folder / "model.pt").read_bytes()
+    fuzz_loading(seed, len(seed), replaced(folder, "model.pt"), lambda: (folder,))
+
+
+def test_mutated_data_pkl(funasr_folder, tmp_path_factory):
+    folder = linked_copy(funasr_folder, tmp_path_factory)
+    with zipfile.ZipFile(funasr_folder / "model.pt") as z:
+        members = {i.filename: z.read(i) for i in z.infolist()}
+    pkl = next(n for n in members if n.endswith("/data.pkl"))
+
+    def write(data: bytes):
+        (folder / "model.pt").unlink(missing_ok=True)
+        with zipfile.ZipFile(folder / "model.pt", "w") as z:
+            for name, blob in members.items():
+                z.writestr(name, data if name == pkl else blob)
+
+    fuzz_loading(members[pkl], len(members[pkl]), write, lambda: (folder,))
+
+
+def test_mutated_config_yaml(funasr_folder, tmp_path_factory):
+    folder = linked_copy(funasr_folder, tmp_path_factory)
+    seed = (funasr_folder / "config.yaml").read_bytes()
+    fuzz_loading(seed, len(seed), replaced(folder, "config.yaml"), lambda: (folder,))
+
+
+def test_mutated_config_json(tiny_dir, tmp_path_factory):
+    folder = linked_copy(tiny_dir, tmp_path_factory)
+    seed = (tiny_dir / "config.json").read_bytes()
+    fuzz_loading(seed, len(seed), replaced(folder, "config.json"), lambda: (folder,))
+
+
+@pytest.mark.parametrize("which", ["encoder", "decoder"])
+def test_mutated_funasr_llamacpp_pair(tiny_dir, tmp_path_factory, which):
+    pair = funasr_llamacpp.write(tiny_dir, tmp_path_factory.mktemp("pair"), "f32", "bf16")
+    name = {"encoder": funasr_llamacpp.ENCODER_FILE, "decoder": funasr_llamacpp.DECODER_FILE}[which]
+    folder = linked_copy(pair, tmp_path_factory)
+    fuzz_loading((pair / name).read_bytes(), gguf_hot(pair / name), replaced(folder, name), lambda: (folder,))
+
+
+@pytest.mark.parametrize("layout", ["transcribe_cpp", "crispasr", "audiocpp"])
+def test_mutated_runtime_gguf(tiny_dir, tmp_path_factory, layout):
+    seed_path = tmp_path_factory.mktemp("seed") / "model.gguf"
+    {"transcribe_cpp": lambda: transcribe_cpp.write(tiny_dir, seed_path),
+     "crispasr": lambda: crispasr.write(tiny_dir, seed_path),
+     "audiocpp": lambda: audiocpp.write(tiny_dir, seed_path, "orig")}[layout]()
+    target = tmp_path_factory.mktemp("fuzzed") / "model.gguf"
+    fuzz_loading(seed_path.read_bytes(), gguf_hot(seed_path), replaced(target.parent, target.name),
+                 lambda: (target,))

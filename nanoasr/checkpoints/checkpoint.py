@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from nanoasr.checkpoints.spec import expected_tensors, spec
 from nanoasr.errors import ModelError
+from nanoasr.formats import bounds
 from nanoasr.model.config import Config
 from nanoasr.storage import BLOCK_TYPES, DENSE_TYPES
 from nanoasr.tensor import StoredTensor, has_nonfinite
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 TEXT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
               "processor_config.json", "generation_config.json")  # kept verbatim in Checkpoint.files
+TEXT_FILE_LIMIT = 256 << 20  # a config or tokenizer file (Qwen's tokenizer.json is 11 MB)
 
 
 @dataclass(frozen=True)
@@ -83,19 +85,17 @@ def check_finite_at_load(tensors: dict[str, StoredTensor], expected: dict, where
 # --- reading the text files, for the loaders -------------------------------------------------------------
 
 def read_json(path: Path, what: str):
-    """A JSON file's value; a missing, unreadable, non-UTF-8 or malformed file is one ModelError."""
+    """A JSON file's value; a missing, unreadable, non-regular, oversized, non-UTF-8 or malformed file is one
+    ModelError (ValueError covers JSONDecodeError and integers of more digits than Python converts)."""
+    text = read_text(path, what)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelError(f"{path}: {what} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:  # a directory, no permission, not UTF-8
-        raise ModelError(f"{path}: {what} cannot be read ({exc})") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise ModelError(f"{path}: {what} is not valid JSON ({type(exc).__name__}: {exc})") from None
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, what: str = "text file") -> str:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{path}: cannot be read as UTF-8 text ({exc})") from None
+        return bounds.read_file(path, TEXT_FILE_LIMIT, what).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelError(f"{path}: {what} cannot be read as UTF-8 text ({exc})") from None

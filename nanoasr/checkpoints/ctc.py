@@ -4,13 +4,14 @@ copy of Fun-ASR-Nano-2512's model.pt carries it; nanoasr.model.ctc runs it.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from nanoasr.checkpoints.ctc_vocab import CtcVocabulary
 from nanoasr.checkpoints.layouts import funasr_transformer_name
+from nanoasr.checkpoints.shapes import layer_count
 from nanoasr.errors import ModelError
+from nanoasr.formats import bounds
 from nanoasr.model.ctc import P, CtcConfig
 from nanoasr.tensor import StoredTensor
 
@@ -52,7 +53,7 @@ def expected_tensors(cfg: CtcConfig) -> dict[str, tuple[int, ...]]:
 def _yaml_int(section: dict, key: str, default: int, where: str) -> int:
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ModelError(f"{where}: {key} must be an integer, found {value!r}")
+        raise ModelError(f"{where}: {key} must be an integer, found {bounds.short(value)}")
     return value
 
 
@@ -61,7 +62,6 @@ def config_from(tensors: dict[str, StoredTensor], yaml: dict | None, where: str)
     defaults where it says nothing)."""
     ffn, input_size = tensors[f"{P}linear_1.weight"].shape
     vocab, hidden = tensors["ctc.ctc_lo.weight"].shape
-    layers = {int(m.group(1)) for n in tensors for m in [re.match(rf"{P}layers\.(\d+)\.", n)] if m}
     yaml = yaml or {}
     conf, ctc_conf = yaml.get("ctc_decoder_conf") or {}, yaml.get("ctc_conf") or {}
     if not isinstance(conf, dict) or not isinstance(ctc_conf, dict):
@@ -69,7 +69,7 @@ def config_from(tensors: dict[str, StoredTensor], yaml: dict | None, where: str)
     if _yaml_int(conf, "downsample_rate", 1, where) != 1:
         raise ModelError(f"{where}: config.yaml: ctc_decoder_conf.downsample_rate must be 1")
     vocab = _yaml_int(yaml, "ctc_vocab_size", vocab, where)
-    return CtcConfig(input_size, ffn, hidden, max(layers, default=-1) + 1,
+    return CtcConfig(input_size, ffn, hidden, layer_count(tensors, f"{P}layers.", where),
                      _yaml_int(conf, "attention_heads", 8, where), vocab,
                      _yaml_int(ctc_conf, "blank_id", vocab - 1, where))
 
@@ -88,6 +88,18 @@ def _problem(tensors: dict[str, StoredTensor], yaml: dict | None, where: str) ->
     for name, t in tensors.items():
         if tuple(t.shape) != expected.get(name, ()):
             return f"its CTC tensor {name} has shape {list(t.shape)}, expected {list(expected.get(name, ()))}"
+    return _config_problem(config_from(tensors, yaml, where))
+
+
+def _config_problem(cfg: CtcConfig) -> str | None:
+    """What in config.yaml keeps the branch from running: heads that do not split the width, a blank id
+    outside the vocabulary."""
+    if cfg.num_attention_heads < 1 or cfg.hidden_size % cfg.num_attention_heads:
+        return (f"its ctc_decoder_conf.attention_heads is {cfg.num_attention_heads}, which does not split "
+                f"the CTC decoder's width {cfg.hidden_size} into heads")
+    if not 0 <= cfg.blank_id < cfg.vocab_size:
+        return (f"its ctc_conf.blank_id is {cfg.blank_id}, outside the CTC vocabulary "
+                f"(0 to {cfg.vocab_size - 1})")
     return None
 
 
@@ -102,8 +114,11 @@ def load(raw: dict[str, StoredTensor], yaml: dict | None, folder: Path,
             problem = f"{folder / VOCAB_FILE} is missing (the CTC vocabulary)"
         if problem is not None:
             return None, problem
-        vocabulary = CtcVocabulary.read(folder / VOCAB_FILE)
-        return CtcBranch(config_from(tensors, yaml, where), tensors, vocabulary), None
+        config, vocabulary = config_from(tensors, yaml, where), CtcVocabulary.read(folder / VOCAB_FILE)
+        if vocabulary.n_ranks > config.vocab_size:
+            return None, (f"{folder / VOCAB_FILE} ranks {vocabulary.n_ranks} tokens, more than the "
+                          f"{config.vocab_size} rows of ctc.ctc_lo")
+        return CtcBranch(config, tensors, vocabulary), None
     except ModelError as exc:
         return None, str(exc)
 

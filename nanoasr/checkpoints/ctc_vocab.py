@@ -11,10 +11,12 @@ from pathlib import Path
 from tokenizers import Regex, pre_tokenizers
 
 from nanoasr.errors import ModelError
+from nanoasr.formats import bounds
 
 # the split pattern FunASR gives tiktoken for this vocabulary
 PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _SPLIT = pre_tokenizers.Split(Regex(PATTERN), behavior="isolated")
+MAX_BYTES = 64 << 20  # FunASR's multilingual.tiktoken is about 1 MB
 
 
 def _ranks(text: str, where: str) -> dict[bytes, int]:
@@ -47,9 +49,10 @@ class CtcVocabulary:
 
     @classmethod
     def read(cls, path: Path) -> "CtcVocabulary":
+        data = bounds.read_file(path, MAX_BYTES, "tiktoken vocabulary")
         try:
-            return cls(path.read_text(encoding="ascii"), str(path))
-        except (OSError, UnicodeDecodeError) as exc:
+            return cls(data.decode("ascii"), str(path))
+        except UnicodeDecodeError as exc:
             raise ModelError(f"{path}: cannot be read as a tiktoken vocabulary ({exc})") from None
 
     def encode(self, text: str) -> list[int]:

@@ -62,7 +62,7 @@ def _embedded_files(values: dict) -> dict[str, str]:
             continue
         try:
             parsed = json.loads(value)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # JSONDecodeError, or a number of too many digits to convert
             continue
         if isinstance(parsed, dict) and "text_config" in parsed:
             files.setdefault("config.json", value)
@@ -85,7 +85,7 @@ def _third_party_config(values: dict, files: dict, tensors: dict, where: str) ->
         embedded = f"{where} (embedded config.json)"
         try:
             raw = json.loads(files["config.json"])
-        except (json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:
             raise ModelError(f"{embedded}: not valid JSON ({type(exc).__name__}: {exc})") from None
         return config_mod.from_dict(raw, embedded)
     config, assumed = config_from_shapes(tensors, values.get(Keys.Tokenizer.LIST), where)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from nanoasr.errors import ModelError
+from nanoasr.formats import bounds
 from nanoasr.model.config import Config
 from nanoasr.storage import DENSE_TYPES
 from nanoasr.tensor import StoredTensor
@@ -52,7 +53,9 @@ def _replace_all(name: str, pairs) -> str:
     return name
 
 
-def _audio_layer(group: str, index: int, config: Config) -> int:
+def _audio_layer(name: str, group: str, digits: str, config: Config) -> int:
+    """The logical layer of a FunASR or old-Hub encoder name; its number is bounded before it is converted."""
+    index = bounds.index(digits, config.audio.num_hidden_layers, "layer number", f"tensor {name}")
     n_transcription = config.audio.num_hidden_layers - config.audio.num_timestamp_prediction_layers
     return {"first": 0, "main": index + 1, "tp": index + n_transcription}[group]
 
@@ -66,7 +69,7 @@ def _map_funasr(name: str, config: Config) -> str:
     m = re.match(r"audio_encoder\.(encoders0|encoders|tp_encoders)\.(\d+)(\..+)$", name)
     if m:
         group = {"encoders0": "first", "encoders": "main", "tp_encoders": "tp"}[m.group(1)]
-        layer = _audio_layer(group, int(m.group(2)), config)
+        layer = _audio_layer(name, group, m.group(2), config)
         return f"model.audio_tower.layers.{layer}" + _replace_all(m.group(3), _SUBLAYER_FUNASR)
     m = re.match(r"audio_encoder\.(after_norm|tp_norm)\.(weight|bias)$", name)
     if m:
@@ -95,7 +98,7 @@ def _map_old_hf(name: str, config: Config) -> str:
     m = re.match(r"model\.audio_tower\.(stem|layers|timestamp_prediction_layers)(?:\.(\d+))?(\..+)$", name)
     if m and not (m.group(1) == "layers" and m.group(2) is None):
         group = {"stem": "first", "layers": "main", "timestamp_prediction_layers": "tp"}[m.group(1)]
-        layer = _audio_layer(group, int(m.group(2) or 0), config)
+        layer = _audio_layer(name, group, m.group(2) or "0", config)
         tail = _replace_all(m.group(3), _SUBLAYER_OLD_HF).replace(".fsmn.", ".self_attn.fsmn.")
         return f"model.audio_tower.layers.{layer}" + tail.replace(".self_attn.self_attn.", ".self_attn.")
     m = re.match(r"model\.audio_tower\.(layer_norm|timestamp_prediction_layer_norm)\.(weight|bias)$", name)

@@ -7,14 +7,18 @@ import re
 import numpy as np
 
 from nanoasr.errors import ModelError
+from nanoasr.formats import bounds
 from nanoasr.model import config as config_mod
 from nanoasr.model.config import SECTIONS, AudioConfig, Config
 from nanoasr.tensor import StoredTensor
 
 
-def layer_count(names, prefix: str) -> int:
-    indices = [int(m.group(1)) for m in map(re.compile(re.escape(prefix) + r"(\d+)\.").match, names) if m]
-    return max(indices) + 1 if indices else 0
+def layer_count(names, prefix: str, where: str) -> int:
+    """One more than the largest layer number under `prefix`. Every layer holds a tensor, so a number at or
+    above the count of names is refused before any table is sized from it."""
+    digits = [m.group(1) for m in map(re.compile(re.escape(prefix) + r"(\d+)\.").match, names) if m]
+    what = f"layer number in {prefix}N"
+    return max((bounds.index(d, len(names), what, where) for d in digits), default=-1) + 1
 
 
 def _derived_fields(tensors: dict[str, StoredTensor], where: str) -> dict[str, dict]:
@@ -28,7 +32,7 @@ def _derived_fields(tensors: dict[str, StoredTensor], where: str) -> dict[str, d
         return shape
 
     audio, text = "model.audio_tower.layers.", "model.language_model."
-    n_audio = layer_count(tensors, audio)
+    n_audio = layer_count(tensors, audio, where)
     final_norm = re.compile(re.escape(audio) + r"(\d+)\.final_layernorm\.weight")
     finals = sorted(int(m.group(1)) for m in map(final_norm.fullmatch, tensors) if m)
     input_size = dims(f"{audio}0.self_attn.q_proj.weight", 2)[1]
@@ -45,11 +49,11 @@ def _derived_fields(tensors: dict[str, StoredTensor], where: str) -> dict[str, d
         "adaptor": {"hidden_size": dims("model.multi_modal_projector.linear_2.weight", 2)[0],
                     "projector_hidden_size": dims("model.multi_modal_projector.linear_1.weight", 2)[0],
                     "intermediate_size": dims("model.multi_modal_projector.layers.0.mlp.fc1.weight", 2)[0],
-                    "num_hidden_layers": layer_count(tensors, "model.multi_modal_projector.layers.")},
+                    "num_hidden_layers": layer_count(tensors, "model.multi_modal_projector.layers.", where)},
         "text": {"vocab_size": dims(f"{text}embed_tokens.weight", 2)[0],
                  "hidden_size": dims(f"{text}embed_tokens.weight", 2)[1],
                  "intermediate_size": dims(f"{text}layers.0.mlp.gate_proj.weight", 2)[0],
-                 "num_hidden_layers": layer_count(tensors, f"{text}layers."), "head_dim": head_dim,
+                 "num_hidden_layers": layer_count(tensors, f"{text}layers.", where), "head_dim": head_dim,
                  "num_attention_heads": dims(f"{text}layers.0.self_attn.q_proj.weight", 2)[0] // head_dim,
                  "num_key_value_heads": dims(f"{text}layers.0.self_attn.k_proj.weight", 2)[0] // head_dim},
     }

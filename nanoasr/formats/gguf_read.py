@@ -5,7 +5,6 @@ business.
 """
 from __future__ import annotations
 
-import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUFValueType, GGMLQuantizationType, Keys
 
 from nanoasr.errors import ModelError
+from nanoasr.formats import bounds
 from nanoasr.formats.mapping import map_read_only
 from nanoasr.storage import DENSE_NUMPY
 from nanoasr.tensor import StoredTensor
@@ -51,10 +51,36 @@ class TensorInfo:
     nbytes: int
 
 
+class NumericArray:
+    """A numeric metadata array as a read-only view of the file's memory map. Python numbers take about ten
+    times the bytes of the file's, so the array is converted (`tolist`) only by the reader of a key that uses
+    it. Equal to a list of the same numbers; never equal to a scalar."""
+
+    __slots__ = ("array",)
+    __hash__ = None
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def tolist(self) -> list:
+        return self.array.tolist()
+
+    def __eq__(self, other):
+        if isinstance(other, NumericArray):
+            other = other.tolist()
+        return self.tolist() == other if isinstance(other, list) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"<array of {len(self.array)} {self.array.dtype}>"
+
+
 @dataclass(frozen=True)
 class Header:
     version: int
-    values: dict  # key -> str | int | float | bool | list
+    values: dict  # key -> str | int | float | bool | list of str | NumericArray
     tensors: list[TensorInfo]
 
 
@@ -99,9 +125,9 @@ class _Cursor:
         self.offset = offset
         return [self._text(b, what) for b in out]
 
-    def _text(self, raw: bytes, what: str) -> str:
+    def _text(self, raw, what: str) -> str:
         try:
-            return raw.decode("utf-8")
+            return str(raw, "utf-8")
         except UnicodeDecodeError as exc:
             raise ModelError(f"{self.where}: {what} is not UTF-8 ({exc})") from None
 
@@ -113,7 +139,7 @@ def _value_type(raw: int, what: str, where: str) -> GGUFValueType:
         raise ModelError(f"{where}: {what} has unknown value type {raw}") from None
 
 
-def _array(cur: _Cursor, key: str) -> list:
+def _array(cur: _Cursor, key: str) -> list | NumericArray:
     raw_item, n = cur.take("<IQ", f"array header of {key}")
     item = _value_type(raw_item, f"array {key}", cur.where)
     if item == GGUFValueType.ARRAY:
@@ -124,7 +150,7 @@ def _array(cur: _Cursor, key: str) -> list:
                          f"bytes but only {cur.remaining} remain (truncated or corrupt)")
     if item == GGUFValueType.STRING:
         return cur.strings(n, f"array {key}")
-    values = np.frombuffer(cur.buf, SCALARS[item], count=n, offset=cur.offset).tolist()
+    values = NumericArray(np.frombuffer(cur.buf, SCALARS[item], count=n, offset=cur.offset))
     cur.offset += n * least
     return values
 
@@ -204,12 +230,17 @@ def _walk(buf, size: int, where: str) -> Header:
 
 
 def read_header(path: Path) -> Header:
-    """Keys and tensor infos of a GGUF file, every count and extent checked against the file size."""
-    size = path.stat().st_size
-    if size < 4:
-        raise ModelError(f"{path}: truncated: {size} bytes, not a GGUF file")
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        return _walk(buf, size, str(path))
+    """Keys and tensor infos of a GGUF file, every count and extent checked against the file size; numeric
+    arrays are views of the file's memory map until a key is used."""
+    mapped = _map(path)
+    return _walk(memoryview(mapped), mapped.shape[0], str(path))
+
+
+def _map(path: Path) -> np.memmap:
+    bounds.regular_file(path, "GGUF file")
+    if path.stat().st_size < 4:  # numpy cannot map an empty file
+        raise ModelError(f"{path}: truncated: {path.stat().st_size} bytes, not a GGUF file")
+    return map_read_only(path)
 
 
 # --- tensors as stored ----------------------------------------------------------------------------------
@@ -232,9 +263,6 @@ def _stored(mapped: np.memmap, info: TensorInfo, where: str) -> StoredTensor:
 def read(path: str | Path) -> tuple[dict, dict[str, StoredTensor]]:
     """A GGUF file -> (metadata values, tensors); tensor data are views of one read-only memory map."""
     path = Path(path)
-    where = str(path)
-    if not path.is_file():
-        raise ModelError(f"{where}: no such GGUF file")
     header = read_header(path)
     mapped = map_read_only(path)
-    return header.values, {info.name: _stored(mapped, info, where) for info in header.tensors}
+    return header.values, {info.name: _stored(mapped, info, str(path)) for info in header.tensors}

@@ -6,6 +6,8 @@ import json
 from gguf import GGUFWriter, Keys, TokenType
 
 from nanoasr.errors import ModelError
+from nanoasr.formats import bounds
+from nanoasr.formats.gguf_read import NumericArray
 
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                r"\s*[\r\n]+|\s+(?!\S)|\s+")  # the Qwen2 pre-tokenizer pattern (tokenizer.ggml.pre = "qwen2")
@@ -90,10 +92,12 @@ def tokenizer_files(values: dict, files: dict[str, str], where: str) -> dict[str
         raise ModelError(f"{where}: no tokenizer: neither an embedded tokenizer.json nor the "
                          f"tokenizer.ggml.tokens/token_type/merges arrays")
     tokens, types, merges = (values[k] for k in keys)
+    if isinstance(types, NumericArray) and types.array.dtype.kind in "iu":
+        types = types.tolist()  # the file's integers, converted now that the key is used
     for key, array, kind in zip(keys, (tokens, types, merges), (str, int, str)):
         if not isinstance(array, list) or not all(isinstance(item, kind) for item in array):
             raise ModelError(f"{where}: {key} must be an array of {kind.__name__}, "
-                             f"found {type(array).__name__}")
+                             f"found {bounds.short(array)}")
     if len(types) != len(tokens):
         raise ModelError(f"{where}: {Keys.Tokenizer.TOKEN_TYPE} has {len(types)} entries, expected one per "
                          f"token ({len(tokens)})")

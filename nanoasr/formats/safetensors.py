@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from pathlib import Path
 
 import numpy as np
 
 from nanoasr.errors import ModelError
+from nanoasr.formats import bounds
 from nanoasr.formats.mapping import map_read_only
 from nanoasr.storage import DENSE_NUMPY
 from nanoasr.tensor import StoredTensor
@@ -23,8 +25,8 @@ MAX_HEADER_BYTES = 100 << 20
 def read_header(path: Path) -> tuple[dict, int]:
     """(header dict, offset of the data section)."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        with bounds.open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise ModelError(f"{path}: truncated safetensors file ({size} bytes, no header)")
@@ -36,7 +38,7 @@ def read_header(path: Path) -> tuple[dict, int]:
         raise ModelError(f"{path}: cannot be read as a safetensors file ({exc})") from None
     try:
         header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, a 5,000-digit number
         raise ModelError(f"{path}: safetensors header is not valid JSON "
                          f"({type(exc).__name__}: {exc})") from None
     if not isinstance(header, dict):
@@ -74,12 +76,15 @@ def read(path: str | Path) -> dict[str, StoredTensor]:
     for name, info in header.items():
         dtype_name, shape, begin, end = _entry(path, name, info)
         np_dtype, stored = DTYPES[dtype_name]
+        bounds.count(len(shape), bounds.MAX_RANK, f"tensor {name}: the number of dimensions", str(path))
         expected = math.prod(shape) * np.dtype(np_dtype).itemsize  # Python ints: no int64 wrap-around
         if not (begin <= end <= data_bytes) or end - begin != expected:
             raise ModelError(
                 f"{path}: tensor {name}: data [{begin}, {end}) does not fit shape {list(shape)} {dtype_name} "
                 f"({expected} bytes) inside the {data_bytes}-byte data section (file truncated?)"
             )
+        if not expected:  # a zero-size tensor: any other dimension fits, so each is bounded before numpy
+            bounds.dims(shape, bounds.MAX_RANK, start + data_bytes, f"tensor {name} shape", str(path))
         data = mapped[begin:end].view(np_dtype).reshape(shape) if expected else np.zeros(shape, np_dtype)
         tensors[name] = StoredTensor(data, stored, shape)
     return tensors
@@ -87,8 +92,9 @@ def read(path: str | Path) -> dict[str, StoredTensor]:
 
 def _weight_map(index: Path) -> dict[str, str]:
     try:
-        parsed = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        with bounds.open_regular(index) as f:
+            parsed = json.loads(f.read(MAX_HEADER_BYTES + 1))  # a longer file is cut short: invalid JSON
+    except (OSError, ValueError, RecursionError) as exc:
         raise ModelError(f"{index}: not a valid safetensors index ({type(exc).__name__}: {exc})") from None
     if not isinstance(parsed, dict):
         raise ModelError(f"{index}: expected a JSON object with a weight_map, found {type(parsed).__name__}")

@@ -15,14 +15,17 @@ import collections
 import io
 import math
 import pickle
+import pickletools
 import struct
 import zipfile
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from nanoasr.errors import ModelError
+from nanoasr.formats import bounds
 from nanoasr.formats.mapping import map_read_only
 from nanoasr.tensor import StoredTensor
 
@@ -33,9 +36,19 @@ STORAGE_TYPES = {
     "LongStorage": (np.int64, None), "IntStorage": (np.int32, None), "ShortStorage": (np.int16, None),
     "CharStorage": (np.int8, None), "ByteStorage": (np.uint8, None), "BoolStorage": (np.bool_, None),
 }
-MAX_PICKLE_BYTES = 64 << 20  # ~130 bytes a tensor (name, shape): FunASR's 1,347 tensors need ~0.2 MB
+MAX_PICKLE_BYTES = 16 << 20  # ~130 bytes a tensor (name, shape): FunASR's 1,347 tensors need ~0.2 MB
 CONTAINERS = ("state_dict", "model_state_dict", "model")  # unwrapped in this order, as FunASR does
 LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then name and extra-field lengths at byte 26
+MAX_DEPTH = 64  # a state dict nests a few levels (containers, a tensor, its shape); CPython's hash of a
+#                 tuple nested 300,000 deep overflows the C stack
+MAX_BYTEORDER_BYTES = 16  # b"little" or b"big"
+# what zipfile raises on a damaged archive or member (zlib.error: a corrupt deflated stream)
+ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError, ValueError,
+              OverflowError, struct.error, zlib.error)
+# opcodes that add to the container beneath their arguments instead of making a new object
+_ADDS_TO_CONTAINER = {"APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "BUILD"}
+_MEMO_WRITES = {"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"}
+_MEMO_READS = {"GET", "BINGET", "LONG_BINGET"}
 
 
 class StorageKind(NamedTuple):
@@ -91,7 +104,7 @@ class _StateDictUnpickler(pickle.Unpickler):
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
                 and isinstance(pid[1], StorageKind) and isinstance(pid[2], str) and _is_count(pid[4])):
-            raise ModelError(f"{self.where}: data.pkl has a persistent id {pid!r:.200}; expected "
+            raise ModelError(f"{self.where}: data.pkl has a persistent id {bounds.short(pid)}; expected "
                              f"('storage', torch.<Type>Storage, key, location, numel)")
         return StorageRef(pid[1], pid[2], pid[4])
 
@@ -101,9 +114,10 @@ def _is_count(value) -> bool:
 
 
 def _open_zip(path: Path) -> zipfile.ZipFile:
+    bounds.regular_file(path, "torch.save archive")
     try:
         return zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+    except ZIP_ERRORS as exc:
         raise ModelError(f"{path}: not a readable zip archive ({exc}); expected a torch.save file "
                          f"(model.pt), perhaps truncated") from None
 
@@ -117,18 +131,94 @@ def _pickle_member(archive: zipfile.ZipFile, path: Path) -> zipfile.ZipInfo:
     return found[0]
 
 
-def _read_pickle(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> bytes:
-    if info.file_size > MAX_PICKLE_BYTES:
-        raise ModelError(f"{path}: {info.filename} claims {info.file_size} bytes "
-                         f"(expected at most {MAX_PICKLE_BYTES})")
+def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, path: Path) -> bytes:
+    """A member's bytes, at most `limit` of them (its stated size is not trusted: a deflated member can
+    expand past it); any damage to the archive is one ModelError."""
+    if info.file_size > limit:
+        raise ModelError(f"{path}: {info.filename} claims {info.file_size} bytes (expected at most {limit})")
     try:
         with archive.open(info) as f:
-            return f.read()
-    except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError, ValueError) as exc:
+            data = f.read(limit + 1)
+    except ZIP_ERRORS as exc:
         raise ModelError(f"{path}: {info.filename} cannot be read ({exc})") from None
+    if len(data) > limit:
+        raise ModelError(f"{path}: {info.filename} holds more than {limit} bytes")
+    return data
+
+
+class _Depths:
+    """The unpickler's stack as the nesting depth of each value, marks kept apart (a scan for the last mark
+    on every opcode would take quadratic time), and the memo's depths by index."""
+
+    def __init__(self):
+        self.stack, self.marks, self.memo = [], [], {}
+
+    def pop(self, n: int) -> list:
+        floor = self.marks[-1] if self.marks else 0
+        if n > len(self.stack) - floor:
+            raise ValueError("an opcode takes more values than the stack holds")
+        popped = self.stack[len(self.stack) - n:]
+        del self.stack[len(self.stack) - n:]
+        return popped
+
+    def pop_to_mark(self) -> list:
+        if not self.marks:
+            raise ValueError("an opcode takes a mark the stack does not hold")
+        at = self.marks.pop()
+        popped = self.stack[at:]
+        del self.stack[at:]
+        return popped
+
+    def memo_step(self, name: str, arg) -> None:
+        if name in _MEMO_READS:
+            self.stack.append(self.memo.get(arg, 0))
+            return
+        key = len(self.memo) if name == "MEMOIZE" else arg
+        if key > len(self.memo):  # picklers number the memo 0, 1, 2, ...: a larger index only sizes a table
+            raise ValueError(f"memo index {bounds.short(key)} skips past the {len(self.memo)} entries "
+                             f"written")
+        self.memo[key] = self.stack[-1] if len(self.stack) > (self.marks[-1] if self.marks else 0) else 0
+
+    def step(self, op, arg) -> None:
+        """One opcode: a new object is one deeper than what it holds."""
+        if op.name in _MEMO_WRITES or op.name in _MEMO_READS:
+            self.memo_step(op.name, arg)
+            return
+        before = op.stack_before
+        if pickletools.markobject in before:
+            inside = self.pop_to_mark()
+            below = self.pop(before.index(pickletools.markobject))
+        else:
+            inside, below = [], self.pop(len(before))
+        if op.name == "DUP":
+            depth = below[0]
+        elif op.name in _ADDS_TO_CONTAINER:
+            depth = max([below[0]] + [1 + d for d in below[1:] + inside])
+        else:
+            depth = 1 + max(below + inside, default=-1)
+        if depth > MAX_DEPTH:
+            raise ValueError(f"values nest more than {MAX_DEPTH} deep (a state dict nests a few levels)")
+        for item in op.stack_after:
+            if item is pickletools.markobject:
+                self.marks.append(len(self.stack))
+            else:
+                self.stack.append(depth)
+
+
+def _check_opcodes(data: bytes, path: Path) -> None:
+    """Nesting depth and memo indices, read from the opcodes before anything is built: the C unpickler
+    sizes its memo from the largest index it is given, and a tuple nested 300,000 deep crashes CPython
+    when it is hashed as a key."""
+    depths = _Depths()
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            depths.step(op, arg)
+    except ValueError as exc:  # genops' own errors too: an unknown opcode, an argument past the end
+        raise ModelError(f"{path}: data.pkl is refused ({exc})") from None
 
 
 def _unpickle(data: bytes, path: Path):
+    _check_opcodes(data, path)
     try:
         return _StateDictUnpickler(data, str(path)).load()
     except ModelError:
@@ -140,7 +230,7 @@ def _unpickle(data: bytes, path: Path):
 def _byteorder(archive: zipfile.ZipFile, prefix: str, path: Path) -> None:
     if prefix + "byteorder" not in archive.namelist():
         return  # archives before torch 1.10 have no byteorder record; they are little-endian
-    order = archive.read(prefix + "byteorder")
+    order = _read_member(archive, archive.getinfo(prefix + "byteorder"), MAX_BYTEORDER_BYTES, path)
     if order != b"little":
         raise ModelError(f"{path}: byteorder is {order[:16]!r}, expected b'little'")
 
@@ -159,7 +249,7 @@ def unwrap(obj, path: Path) -> dict:
     for key, value in obj.items():
         name = key[len("module."):] if isinstance(key, str) and key.startswith("module.") else key
         if not isinstance(name, str) or not isinstance(value, TensorRef):
-            raise ModelError(f"{path}: state dict entry {key!r:.100} is a {type(value).__name__}, "
+            raise ModelError(f"{path}: state dict entry {bounds.short(key)} is a {type(value).__name__}, "
                              f"expected a tensor under a string name")
         if name in out:
             raise ModelError(f"{path}: state dict holds {name} twice (with and without 'module.')")
@@ -196,13 +286,16 @@ def _c_strides(shape: tuple) -> tuple:
     return tuple(reversed(strides))
 
 
-def _check_ref(ref: TensorRef, name: str, path: Path) -> None:
+def _check_ref(ref: TensorRef, name: str, path: Path, file_size: int) -> None:
+    """The tensor's fields, each bounded by the file's size before a product of them is taken (a zero-size
+    tensor could otherwise state any other dimension)."""
     if not (isinstance(ref.storage, StorageRef) and _is_count(ref.offset)
             and isinstance(ref.shape, tuple) and all(map(_is_count, ref.shape))
             and isinstance(ref.stride, tuple) and len(ref.stride) == len(ref.shape)
             and all(map(_is_count, ref.stride))):
         raise ModelError(f"{path}: tensor {name}: expected a storage, a non-negative offset and matching "
-                         f"size and stride tuples, found {tuple(ref)!r:.200}")
+                         f"size and stride tuples, found {bounds.short(tuple(ref))}")
+    bounds.count(len(ref.shape), bounds.MAX_RANK, f"tensor {name}: the number of dimensions", str(path))
     count = math.prod(ref.shape)
     extent = ref.offset + sum((n - 1) * s for n, s in zip(ref.shape, ref.stride)) + 1
     if count and extent > ref.storage.numel:
@@ -211,6 +304,9 @@ def _check_ref(ref: TensorRef, name: str, path: Path) -> None:
     if count > ref.storage.numel:  # zero strides repeat elements: a copy of such a view could be any size
         raise ModelError(f"{path}: tensor {name}: {count} elements from a storage of {ref.storage.numel}; "
                          f"expected a tensor that owns its elements")
+    bounds.dims(ref.shape, bounds.MAX_RANK, file_size, f"tensor {name} shape", str(path))
+    bounds.dims(ref.stride, bounds.MAX_RANK, file_size, f"tensor {name} strides", str(path))
+    bounds.count(ref.offset, file_size, f"tensor {name} storage offset", str(path))
 
 
 def _storage_array(ref: StorageRef, raw: np.ndarray, np_dtype, path: Path) -> np.ndarray:
@@ -247,11 +343,11 @@ def read(path: str | Path) -> dict[str, StoredTensor]:
         info = _pickle_member(archive, path)
         prefix = info.filename[:-len("data.pkl")]
         _byteorder(archive, prefix, path)
-        refs = unwrap(_unpickle(_read_pickle(archive, info, path), path), path)
+        refs = unwrap(_unpickle(_read_member(archive, info, MAX_PICKLE_BYTES, path), path), path)
         mapped = map_read_only(path)
         storages, tensors = {}, {}
         for name, ref in refs.items():
-            _check_ref(ref, name, path)
+            _check_ref(ref, name, path, mapped.shape[0])
             np_dtype, stored = STORAGE_TYPES[ref.storage.kind.name]
             if stored is None:
                 continue

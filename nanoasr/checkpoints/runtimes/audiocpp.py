@@ -9,6 +9,8 @@ stored under `_audiocpp.<i>`), and the checkpoint's text files are embedded as o
 from __future__ import annotations
 
 from nanoasr.errors import ModelError
+from nanoasr.formats import bounds
+from nanoasr.formats.gguf_read import NumericArray
 from nanoasr.tensor import StoredTensor
 
 ARCH = "audiocpp"
@@ -40,18 +42,27 @@ def logical_tensors(values: dict, tensors: dict[str, StoredTensor], where: str) 
     return dict(zip(names, tensors.values()))
 
 
+def _integers(value) -> bool:
+    return isinstance(value, NumericArray) and value.array.dtype.kind in "iu"
+
+
 def embedded_files(values: dict, where: str) -> dict[str, str]:
     """The embedded files at the top of the package (config.json, tokenizer.json, ...) as text."""
     names = values.get("audiocpp.embedded_files.names")
     if names is None:
         return {}
     offsets, data = values.get("audiocpp.embedded_files.offsets"), values.get("audiocpp.embedded_files.data")
-    if (not isinstance(names, list) or not isinstance(offsets, list) or not isinstance(data, list)
-            or len(offsets) != len(names) + 1 or offsets[0] != 0 or offsets[-1] != len(data)
+    if not (isinstance(names, list) and _integers(offsets) and _integers(data)
+            and data.array.dtype.itemsize == 1):
+        raise ModelError(f"{where}: audiocpp.embedded_files: expected a list of names, an integer array of "
+                         f"offsets and a byte array of data, found {bounds.short(names)}, "
+                         f"{bounds.short(offsets)} and {bounds.short(data)}")
+    offsets = offsets.tolist()
+    if (len(offsets) != len(names) + 1 or offsets[0] != 0 or offsets[-1] != len(data)
             or any(b < a for a, b in zip(offsets, offsets[1:]))):
         raise ModelError(f"{where}: audiocpp.embedded_files: expected names, offsets (one more than names, "
                          f"from 0 to the data's length, increasing) and data")
-    blob = bytes(data)
+    blob = data.array.tobytes()
     files = {}
     for name, start, end in zip(names, offsets, offsets[1:]):
         if not isinstance(name, str) or "/" in name or end - start > TEXT_FILE_LIMIT:

@@ -84,11 +84,11 @@ def _logical_name(name: str, n_main: int, n_layers: int, decoder: dict[str, str]
 
 def _tensors(values: dict, tensors: dict[str, StoredTensor], where: str) -> dict[str, StoredTensor]:
     n_main = values.get("funasr.n_blocks_base")
-    n_layers = layer_count(tensors, "funasr.enc.blk.")
+    n_layers = layer_count(tensors, "funasr.enc.blk.", where)
     if isinstance(n_main, bool) or not isinstance(n_main, int) or not 0 < n_main <= n_layers:
         raise ModelError(f"{where}: metadata funasr.n_blocks_base is {n_main!r}, expected the count of "
                          f"encoder blocks before the timestamp blocks (1 to {n_layers})")
-    decoder = {ours: logical for logical, ours in qwen3_names(layer_count(tensors, "blk.")).items()}
+    decoder = {ours: logical for logical, ours in qwen3_names(layer_count(tensors, "blk.", where)).items()}
     decoder["output.weight"] = "lm_head.weight"
     out = {}
     for name, t in tensors.items():

@@ -12,7 +12,7 @@ from nanoasr.checkpoints.checkpoint import TEXT_FILES, Checkpoint, read_json, re
 from nanoasr.checkpoints.layouts import to_logical
 from nanoasr.checkpoints.shapes import config_from_shapes, layer_count
 from nanoasr.errors import ModelError
-from nanoasr.formats import torch_zip
+from nanoasr.formats import bounds, torch_zip
 from nanoasr.model import config as config_mod
 from nanoasr.model.config import Config
 from nanoasr.tensor import StoredTensor
@@ -26,30 +26,46 @@ YAML_AUDIO = {"output_size": "hidden_size", "attention_heads": "num_attention_he
 YAML_ADAPTOR = {"attention_heads": "num_attention_heads", "n_layer": "num_hidden_layers",
                 "ffn_dim": "projector_hidden_size"}
 YAML_FRONTEND = {"n_mels": "num_mel_bins", "lfr_m": "num_stacked_frames"}
+MAX_YAML_ALIASES = 16  # expands a document at most ~350-fold (3^5); FunASR's config.yaml has no alias
 
 
-def funasr_layout(names) -> Config:
+def funasr_layout(names, where: str) -> Config:
     """The encoder layer counts FunASR's names show (encoders0, encoders, tp_encoders): enough to map them."""
-    main = layer_count(names, "audio_encoder.encoders.")
-    timestamp = layer_count(names, "audio_encoder.tp_encoders.")
+    main = layer_count(names, "audio_encoder.encoders.", where)
+    timestamp = layer_count(names, "audio_encoder.tp_encoders.", where)
     return Config(audio=config_mod.AudioConfig(num_hidden_layers=1 + main + timestamp,
                                                num_timestamp_prediction_layers=timestamp))
 
 
+def _yaml_loader(yaml):
+    """PyYAML's safe loader, refusing more than MAX_YAML_ALIASES aliases: each alias is a reference, and a
+    kilobyte of nested ones (an alias bomb) stands for gigabytes once anything walks the whole value."""
+    class Loader(yaml.SafeLoader):
+        aliases = 0
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                self.aliases += 1
+                if self.aliases > MAX_YAML_ALIASES:
+                    raise yaml.YAMLError(f"more than {MAX_YAML_ALIASES} aliases")
+            return super().compose_node(parent, index)
+    return Loader
+
+
 def _read_yaml(path: Path) -> dict | None:
     """config.yaml as a mapping; None when it is absent or PyYAML (not a dependency) is not installed."""
-    if not path.is_file():
+    if not path.exists():
         return None
     try:
         import yaml
     except ImportError:
         return None
+    text = read_text(path, "config.yaml")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{path}: config.yaml cannot be read ({exc})") from None
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise ModelError(f"{path}: config.yaml is not valid YAML ({type(exc).__name__}: {exc})") from None
+        raw = yaml.load(text, Loader=_yaml_loader(yaml))
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: a number of 5,000 digits
+        raise ModelError(f"{path}: config.yaml is not valid YAML ({type(exc).__name__}: "
+                         f"{bounds.short(str(exc))})") from None
     if not isinstance(raw, dict):
         raise ModelError(f"{path}: expected a YAML mapping, found {type(raw).__name__}")
     return raw
@@ -66,7 +82,7 @@ def _yaml_ints(raw: dict, section: str, keys: dict, path: Path) -> dict:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ModelError(f"{path}: {section}.{key} must be an integer, found {value!r}")
+            raise ModelError(f"{path}: {section}.{key} must be an integer, found {bounds.short(value)}")
         out[field_name] = value
     return out
 
@@ -85,7 +101,7 @@ def _yaml_sections(raw: dict, path: Path) -> tuple[dict, dict]:
     low_frame_rate = (raw.get("audio_adaptor_conf") or {}).get("use_low_frame_rate", False)
     if not isinstance(low_frame_rate, bool):
         raise ModelError(f"{path}: audio_adaptor_conf.use_low_frame_rate must be true or false, "
-                         f"found {low_frame_rate!r}")
+                         f"found {bounds.short(low_frame_rate)}")
     adaptor["use_low_frame_rate"] = low_frame_rate
     rate = adaptor.pop("downsample_rate", 1)
     if rate != 1:
@@ -141,7 +157,7 @@ def load_funasr(weights: Path) -> Checkpoint:
         raise ModelError(f"{where}: no audio_encoder.* tensors; expected FunASR's Fun-ASR-Nano state dict "
                          f"(audio_encoder, audio_adaptor, llm)")
     files = _qwen_files(weights.parent)
-    tensors = _drop_tied_head(to_logical(raw, funasr_layout(raw)))
+    tensors = _drop_tied_head(to_logical(raw, funasr_layout(raw, where)))
     raw_yaml = _read_yaml(weights.parent / "config.yaml")
     config = _funasr_config(weights.parent, tensors, raw_yaml, where)
     validate(tensors, config, where)

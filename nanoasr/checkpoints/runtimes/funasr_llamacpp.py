@@ -75,11 +75,12 @@ def _encoder_tensors(tensors: dict[str, StoredTensor], where: str) -> dict[str, 
             raise ModelError(f"{where}: unexpected tensor {name} "
                              f"(expected audio_encoder.* and audio_adaptor.* only)")
         out[name] = _fsmn_as_conv(name, t, where) if name.endswith("fsmn_block.weight") else t
-    return to_logical(out, funasr_layout(out))
+    return to_logical(out, funasr_layout(out, where))
 
 
 def _decoder_tensors(tensors: dict[str, StoredTensor], where: str) -> dict[str, StoredTensor]:
-    logical_of = {ours: logical for logical, ours in qwen3_names(layer_count(tensors, "blk.")).items()}
+    n_layers = layer_count(tensors, "blk.", where)
+    logical_of = {ours: logical for logical, ours in qwen3_names(n_layers).items()}
     logical_of["output.weight"] = "lm_head.weight"  # present when the head is not tied
     unknown = [name for name in tensors if name not in logical_of]
     if unknown:

@@ -102,6 +102,6 @@ def read(values: dict, tensors: dict[str, StoredTensor],
     """transcribe.cpp's metadata and tensors -> (config, logical tensors)."""
     _check_fixed(values, where)
     funasr = {_funasr_name(name, where): t for name, t in tensors.items()}
-    logical = to_logical(funasr, funasr_layout(funasr))
+    logical = to_logical(funasr, funasr_layout(funasr, where))
     config, assumed = config_from_shapes(logical, values.get("tokenizer.ggml.tokens"), where)
     return with_metadata(config, assumed, values, KEYS, where), logical
