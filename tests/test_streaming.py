@@ -1,5 +1,6 @@
 """Text as it is decoded: the settled ids of an unfinished generation, their text, the partial segments of
 Model.transcribe, the server's stream=true deltas and the CLI's progress bar during a segment."""
+import asyncio
 import io
 import random
 
@@ -110,6 +111,28 @@ def test_partial_segments_run_ahead_of_the_finished_ones_in_order(tiny_model, st
         assert segment.finish_reason == "decoding"
     first_text = next(n for _, s, n in calls if s.text)
     assert first_text < steps[0] // 2
+
+
+def test_text_events_send_what_each_partial_or_finished_segment_adds():
+    from nanoasr.server.responses import TextEvents
+
+    loop = asyncio.new_event_loop()
+    try:
+        events, started = asyncio.Queue(), loop.create_future()
+        sink = TextEvents(loop, events, started)
+        sink.on_partial(Segment(0.0, 1.0, "", "decoding", (1,)))
+        loop.run_until_complete(asyncio.sleep(0))
+        assert not started.done()  # no text yet: an error now still gets its status code
+        for text in ("hel", "hello"):
+            sink.on_partial(Segment(0.0, 1.0, text, "decoding", (1,)))
+        sink.on_segment(Segment(0.0, 1.0, "hello there", "stop", (1,)))
+        sink.on_partial(Segment(1.0, 2.0, "gen", "decoding", (1,)))
+        sink.on_segment(Segment(1.0, 2.0, "general", "stop", (1,)))
+        loop.run_until_complete(asyncio.sleep(0))
+        deltas = [events.get_nowait()["delta"] for _ in range(events.qsize())]
+    finally:
+        loop.close()
+    assert started.done() and deltas == ["hel", "lo", " there", " gen", "eral"]
 
 
 class CountedModel:

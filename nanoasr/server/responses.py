@@ -52,29 +52,32 @@ def compression_ratio(text: str) -> float:
 class TextEvents:
     """The worker thread's callbacks (Model.transcribe's on_segment and on_partial): the text that each
     finished segment, or the settled tokens of the earliest unfinished one, add to the joined transcript
-    goes out as a transcript.text.delta event; `started` is set at the first of them."""
+    goes out as a transcript.text.delta event; `started` is set at the first text, or the first finished
+    segment."""
 
     def __init__(self, loop, events: asyncio.Queue, started: asyncio.Future):
         self.loop, self.events, self.started = loop, events, started
-        self.finished: list[str] = []  # the texts of the finished segments
+        self.finished = ""  # the finished segments' texts, joined
         self.sent = ""  # the deltas sent so far, joined: always a prefix of the final text
 
     def on_segment(self, segment) -> None:
-        self.finished.append(segment.text)
-        self._send(self.finished)
-
-    def on_partial(self, segment) -> None:
-        self._send([*self.finished, segment.text])
-
-    def _send(self, texts: list[str]) -> None:
         from nanoasr.api import join_texts
 
-        joined = join_texts(texts)
+        self.finished = join_texts([self.finished, segment.text])
+        self._send(self.finished)
+        self.loop.call_soon_threadsafe(settle, self.started)
+
+    def on_partial(self, segment) -> None:
+        from nanoasr.api import join_texts
+
+        self._send(join_texts([self.finished, segment.text]))  # joining adds one text at a time
+
+    def _send(self, joined: str) -> None:
         delta, self.sent = joined[len(self.sent):], joined
         if delta:
             self.loop.call_soon_threadsafe(self.events.put_nowait,
                                            {"type": "transcript.text.delta", "delta": delta})
-        self.loop.call_soon_threadsafe(settle, self.started)
+            self.loop.call_soon_threadsafe(settle, self.started)
 
 
 def settle(future: asyncio.Future) -> None:
