@@ -3,6 +3,7 @@ is made, and its source pages are let go; the file is the one whole-tensor encod
 import gzip
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize as gguf_quantize
 
 from nanoasr import convert
+from nanoasr.formats.mapping import map_read_only, release_pages
 from nanoasr.quant.quantize import quantize
 from nanoasr.tensor import StoredTensor
 
@@ -32,6 +34,7 @@ import re, sys
 from pathlib import Path
 from gguf import GGUFWriter
 from nanoasr import convert
+from nanoasr.formats.mapping import map_read_only, release_pages
 from nanoasr.model.load import load_checkpoint
 
 def status(field):
@@ -105,6 +108,24 @@ def test_the_command_stays_within_the_interpreter_plus_the_largest_tensor_plus_t
     command = run_python(PEAK_RSS.format(work=f"from nanoasr.cli import main; assert main({argv!r}) == 0"))
     interpreter = run_python(PEAK_RSS.format(work="import nanoasr.cli.convert, nanoasr.convert"))
     assert command - interpreter <= largest_float32_bytes(source) + COMMAND_MARGIN
+
+
+def resident_file_bytes() -> int:
+    return int(re.search(r"RssFile:\s+(\d+)", Path("/proc/self/status").read_text())[1]) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RssFile from /proc/self/status")
+def test_release_pages_drops_a_views_pages_from_the_resident_set(tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 255, 64 * MiB, np.uint8).tobytes())
+    view = map_read_only(path)[12345:60 * MiB]
+    total = int(view.sum(dtype=np.int64))  # reads every page
+    before = resident_file_bytes()
+    release_pages(view[::2])  # not one range of the file: left alone
+    assert resident_file_bytes() > before - MiB
+    release_pages(view)
+    assert resident_file_bytes() < before - 59 * MiB
+    assert int(view.sum(dtype=np.int64)) == total  # read again from the page cache
 
 
 @pytest.fixture(scope="module")

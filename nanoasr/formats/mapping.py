@@ -42,9 +42,10 @@ def ask_for_huge_pages(region: mmap.mmap) -> None:
 def release_pages(array: np.ndarray) -> None:
     """Drop the pages of a view of a file mapping from this process's resident set (MADV_DONTNEED; the page
     cache keeps them, so a later read costs a page fault, not a disk read). Pages it shares with a
-    neighbouring view go too and come back on use. Arrays not over a mapping are left alone."""
-    mapping = getattr(array, "_mmap", None)
-    if mapping is None or not hasattr(mmap, "MADV_DONTNEED") or array.nbytes == 0:
+    neighbouring view go too and come back on use. Arrays not over a mapping, or not one contiguous range
+    of it, are left alone."""
+    mapping = getattr(array, "_mmap", None)  # numpy's handle on the mapping, as in map_read_only
+    if mapping is None or not (array.flags.contiguous and array.nbytes and hasattr(mmap, "MADV_DONTNEED")):
         return
     offset = array.ctypes.data - np.frombuffer(mapping, np.uint8).ctypes.data
     start = offset - offset % mmap.PAGESIZE
