@@ -18,6 +18,7 @@ import numpy as np
 
 from nanoasr import backend as backend_mod
 from nanoasr import timestamps
+from nanoasr.audio import SAMPLE_RATE
 from nanoasr.audio.fbank import REFERENCES
 from nanoasr.backend import host
 from nanoasr.checkpoints import ctc
@@ -31,6 +32,7 @@ from nanoasr.transcript import Segment, Transcript
 
 FUNASR_ADAPTOR_EPS = 1e-12  # the authors' adaptor LayerNorm eps (DESIGN §2)
 MAX_SEGMENT_S = 30.0
+SILENCE_MARK = "/sil"
 BATCH_SIZE = 8  # segments decoded together, by default (Model's batch_size)
 # The KV cache of the segments decoded together stays under this (one row at least): a prompt near its token
 # limit makes a row about 1 GB on the full-size model, so long prompts decode fewer segments at once.
@@ -245,18 +247,21 @@ class Model:
                    itn: bool = True, hotwords=(), context: str | None = None, reference: str = "funasr",
                    max_new_tokens: int | None = None, ignore_stop: bool = False,
                    max_duration_s: float | None = None, on_segment=None,
-                   word_timestamps: bool = False) -> Transcript:
+                   word_timestamps: bool = False, on_partial=None) -> Transcript:
         """Transcribe a path, encoded bytes, a binary file object, an array (with `sample_rate`), or a
         DecodedAudio from nanoasr.audio.io.decode_audio (taken as it is, not decoded again).
 
         `on_segment(segment)`, when given, is called as each segment is finished, in order.
+        `on_partial(segment)`, when given, is called as the decoder settles more tokens of the earliest
+        unfinished segment: a Segment with finish_reason "decoding" whose `text` only grows, each a prefix of
+        the finished segment's text (whole characters, nothing a stopping rule takes back).
         `max_duration_s` refuses longer audio with AudioTooLongError (default: no limit).
         `word_timestamps` gives each segment `words`, `ctc_text` and `ctc_agreement` from FunASR's CTC branch;
         a checkpoint without one refuses it with OptionError.
         """
         options = Options(language, itn, hotwords, context, reference, max_new_tokens, ignore_stop,
                           word_timestamps)
-        return self._transcribe(audio, sample_rate, options, on_segment, max_duration_s)
+        return self._transcribe(audio, sample_rate, options, on_segment, max_duration_s, on_partial)
 
     def transcribe_batch(self, inputs, **kwargs) -> list[Transcript]:
         """Transcribe several inputs with the same options, in order.
@@ -272,8 +277,8 @@ class Model:
         return out
 
     def _transcribe(self, audio, sample_rate, options: Options, on_segment=None,
-                    max_duration_s=None) -> Transcript:
-        from nanoasr.audio.io import SAMPLE_RATE, load_audio
+                    max_duration_s=None, on_partial=None) -> Transcript:
+        from nanoasr.audio.io import load_audio
         from nanoasr.audio.segment import split
 
         start = time.perf_counter()
@@ -292,30 +297,16 @@ class Model:
                 spans = [(s.start, s.end) for s in split(wave, MAX_SEGMENT_S)]
             budgets = [options.max_new_tokens or generate.token_budget((b - a) / SAMPLE_RATE)
                        for a, b in spans]
-            segments, finished = [], {}
-
-            def emit(item: int, g: generate.Generation):  # segments finish out of order; they go out in order
-                finished[item] = g
-                while len(segments) in finished:
-                    g = finished.pop(len(segments))
-                    a, b = spans[len(segments)]
-                    segment = Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, self.tokenizer.decode(g.ids),
-                                      g.finish_reason, tuple(g.ids), g.avg_logprob)
-                    if encodings is not None:
-                        with timer.stage("ctc"):
-                            enc, mask = encodings.pop(len(segments))
-                            segment = timestamps.with_words(segment, enc, mask, self.ctc, self.ctc_weights)
-                    segments.append(segment)
-                    if on_segment is not None:
-                        on_segment(segment)
-
+            in_order = _InOrder(self, spans, timer, encodings, on_segment, on_partial)
             if spans:
                 prompts = self._segment_prompts(wave, spans, options, template, timer, encodings)
                 rows = self._decode_rows(spans, budgets, template.text_tokens, options.reference)
                 generate.generate(prompts, budgets, self.weights, self.config.text, self.tokenizer.stop_ids,
-                                  options.ignore_stop, rows=rows, timer=timer, on_done=emit,
-                                  bf16_rope=options.reference == "funasr")
+                                  options.ignore_stop, rows=rows, timer=timer, on_done=in_order.finished,
+                                  bf16_rope=options.reference == "funasr",
+                                  on_tokens=in_order.settled if on_partial is not None else None)
         timer.ms["total"] = (time.perf_counter() - start) * 1e3
+        segments = in_order.segments
         cut = [s.finish_reason for s in segments if s.truncated]
         if cut:
             log.warning("%d of %d segments stopped early (%d at the token budget, %d by the repetition "
@@ -340,6 +331,65 @@ class Model:
 def language_name(code: str) -> str:
     """The English name of a language's ISO code (Transcript.language)."""
     return prompt.LANGUAGES[code][1]
+
+
+class _InOrder:
+    """Segments, which finish out of order, in order: each finished one goes to on_segment as it is next;
+    the settled tokens of the earliest unfinished one go to on_partial as they grow."""
+
+    def __init__(self, model: Model, spans, timer: Timer, encodings, on_segment, on_partial):
+        self.model, self.spans, self.timer, self.encodings = model, spans, timer, encodings
+        self.on_segment, self.on_partial = on_segment, on_partial
+        self.segments: list[Segment] = []
+        self.done: dict[int, generate.Generation] = {}
+        self.latest: dict[int, list[int]] = {}  # settled ids of the segments still decoding
+        self.shown = (-1, 0)  # (segment, settled ids) last given to on_partial
+
+    def finished(self, item: int, g: generate.Generation) -> None:
+        self.done[item] = g
+        self.latest.pop(item, None)
+        while len(self.segments) in self.done:
+            self._append(self.done.pop(len(self.segments)))
+        self._show_partial()
+
+    def settled(self, item: int, ids: list[int]) -> None:
+        self.latest[item] = ids
+        self._show_partial()
+
+    def _append(self, g: generate.Generation) -> None:
+        index = len(self.segments)
+        a, b = self.spans[index]
+        segment = Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, self.model.tokenizer.decode(g.ids),
+                          g.finish_reason, tuple(g.ids), g.avg_logprob)
+        if self.encodings is not None:
+            with self.timer.stage("ctc"):
+                enc, mask = self.encodings.pop(index)
+                segment = timestamps.with_words(segment, enc, mask, self.model.ctc, self.model.ctc_weights)
+        self.segments.append(segment)
+        if self.on_segment is not None:
+            self.on_segment(segment)
+
+    def _show_partial(self) -> None:
+        index = len(self.segments)
+        ids = self.latest.get(index)
+        if self.on_partial is None or not ids or self.shown == (index, len(ids)):
+            return
+        self.shown = (index, len(ids))
+        a, b = self.spans[index]
+        text = settled_text(self.model.tokenizer.decode(ids))
+        self.on_partial(Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, text, "decoding", tuple(ids)))
+
+
+def settled_text(text: str) -> str:
+    """The decoded text of a segment's first tokens, less what later tokens may still change: bytes of a
+    character not yet complete (decoded as U+FFFD), the start of a `/sil` that Tokenizer.decode reads as a
+    pause, and the whitespace before them (it is stripped at the end of a segment)."""
+    text = text.rstrip("\ufffd")
+    for n in (3, 2, 1):
+        if text.endswith(SILENCE_MARK[:n]):
+            text = text[:-n]
+            break
+    return text.rstrip()
 
 
 def join_texts(texts) -> str:

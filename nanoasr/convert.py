@@ -6,6 +6,7 @@ The keys follow nanoasr.checkpoints.gguf_schema, which reads them back; docs/ggu
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,10 @@ from nanoasr.formats import gguf_write
 from nanoasr.formats.gguf_read import GGML_TYPES
 from nanoasr.formats.gguf_vocab import add_vocab
 from nanoasr.formats.gguf_write import Progress
+from nanoasr.formats.mapping import release_pages
 from nanoasr.model.config import SECTIONS, TextConfig
 from nanoasr.quant import quantize
-from nanoasr.quant.quantize import error_report
+from nanoasr.quant.quantize import ErrorSums
 from nanoasr.storage import bf16_to_f32
 from nanoasr.tensor import StoredTensor
 
@@ -32,6 +34,7 @@ FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
               "bf16": LlamaFileType.MOSTLY_BF16,
               "q8_0": LlamaFileType.MOSTLY_Q8_0, "q4_k_m": LlamaFileType.MOSTLY_Q4_K_M}
 TARGETS = ("f32", "f16", "bf16") + quantize.MIXES  # matrices stored as they are, or a quantized mix
+CHUNK_ELEMENTS = 1 << 18  # elements encoded and checked at once: bounds the float32/float64 temporaries
 
 
 # --- tensors: the storage mix, encoding and the error report --------------------------------------------
@@ -54,9 +57,32 @@ def storage_types(checkpoint: Checkpoint, target: str) -> dict[str, str]:
 
 
 def encode(t: StoredTensor, dtype: str, name: str) -> np.ndarray:
-    """A stored tensor in GGUF data layout for `dtype` (BF16 widens first; blocks are [rows, row_bytes])."""
+    """A stored tensor in GGUF data layout for `dtype` (BF16 widens first; blocks are [rows, row_bytes]),
+    made a chunk of rows at a time, so only one chunk is ever widened to float32."""
     if t.dtype == dtype:
         return np.ascontiguousarray(t.data)
+    out = None
+    for start, chunk in row_chunks(t):
+        data = _encode_chunk(chunk, dtype, name)
+        if out is None:
+            out = np.empty((t.shape[0], *data.shape[1:]), data.dtype)
+        out[start:start + len(data)] = data
+    return out
+
+
+def row_chunks(t: StoredTensor):
+    """(first row, the tensor's rows from there) in chunks of about CHUNK_ELEMENTS elements; a tensor of
+    fewer than two dimensions is one chunk."""
+    if len(t.shape) < 2:
+        yield 0, t
+        return
+    step = max(1, CHUNK_ELEMENTS // math.prod(t.shape[1:]))
+    for start in range(0, t.shape[0], step):
+        rows = t.data[start:start + step]
+        yield start, StoredTensor(rows, t.dtype, (len(rows), *t.shape[1:]))
+
+
+def _encode_chunk(t: StoredTensor, dtype: str, name: str) -> np.ndarray:
     x = t.numpy()
     if dtype == "f32":
         return x
@@ -79,17 +105,25 @@ def decode(data: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     return gguf_dequantize(data, GGML_TYPES[dtype]).reshape(shape)
 
 
+def _error(t: StoredTensor, dtype: str, data: np.ndarray) -> dict:
+    """error_report of `data` against `t`, summed a chunk of rows at a time."""
+    sums = ErrorSums()
+    for start, chunk in row_chunks(t):
+        sums.add(chunk.numpy(), decode(data[start:start + chunk.shape[0]], dtype, chunk.shape))
+    return sums.report()
+
+
 def _report_row(name: str, t: StoredTensor, dtype: str, data: np.ndarray, report: bool) -> dict:
     row = {"name": name, "type": GGML_TYPES[dtype].name, "shape": list(t.shape), "bytes": int(data.nbytes),
            "rel_rms": None, "max_abs": None}
     if report:
-        row.update(error_report(t.numpy(), decode(data, dtype, tuple(t.shape))))
+        row.update(_error(t, dtype, data))
     return row
 
 
 def _write(path: str | Path, arch: str, add_metadata, items, types, report: bool, progress) -> list[dict]:
     """items: (name in the file, logical name, tensor); each is encoded as the writer asks for it (one in
-    memory at a time) and leaves its report row behind."""
+    memory at a time), leaves its report row behind and lets go of its source's pages once written."""
     rows = []
 
     def encoded():
@@ -97,6 +131,7 @@ def _write(path: str | Path, arch: str, add_metadata, items, types, report: bool
             data = encode(t, types[name], name)
             rows.append(dict(_report_row(name, t, types[name], data, report), name=out_name))
             yield data
+            release_pages(t.data)  # written: its pages of the source file need not stay resident
 
     infos = [(out_name, tuple(t.shape), types[name]) for out_name, name, t in items]
     gguf_write.write(Path(path), arch, add_metadata, infos, encoded(), progress)

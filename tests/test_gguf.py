@@ -449,7 +449,7 @@ def test_qwen3_export_has_the_llama_cpp_names_and_hparams(checkpoint, tmp_path):
     np.testing.assert_array_equal(names["blk.1.attn_k.weight"].data, k_proj.numpy())
 
 
-def test_convert_command_writes_the_file_report_table_and_summary(checkpoint, tmp_path, capsys):
+def test_convert_command_writes_the_file_report_and_a_one_line_summary(checkpoint, tmp_path, capsys):
     from safetensors.numpy import save_file
 
     from nanoasr.cli import main
@@ -467,15 +467,34 @@ def test_convert_command_writes_the_file_report_table_and_summary(checkpoint, tm
     rows = json.loads(report.read_text())
     assert sorted(r["name"] for r in rows) == sorted(checkpoint.tensors)
     assert {r["type"] for r in rows} == {"F16", "F32"}
-    assert "rel_rms" in printed.out and "tensor types:  F16" in printed.out and "x input" in printed.out
-    n = len(checkpoint.tensors)  # stderr is no terminal here: a progress line per tensor, then the export's
-    progress = [line for line in printed.err.splitlines() if line.startswith("[")]
-    assert progress[:n] == [f"[{k}/{n}] {r['type'].lower():>4} {r['name']}" for k, r in enumerate(rows, 1)]
+    summary, decoder = printed.out.splitlines()  # one line for the file, one for the export
+    assert summary.startswith(f"{out}: ") and "x input" in summary and "largest relative RMS error" in summary
+    assert decoder.startswith("qwen3 decoder:")
+    assert printed.err.splitlines() == [f"reading {source}"]  # stderr is no terminal here: no progress
     back = load_gguf(out)
     assert back.source["repo"] == "example/tiny" and back.source["revision"] == "abc"
     assert GGUFReader(qwen3).fields["general.architecture"].contents() == "qwen3"
-    assert main(["convert", str(tmp_path / "missing"), "--output", str(out)]) == 1
+    assert main(["convert", str(tmp_path / "missing"), "--output", str(tmp_path / "new.gguf")]) == 1
     assert "no such model directory" in capsys.readouterr().err
+
+
+def test_convert_command_writes_a_table_report_and_overwrites_only_with_force(checkpoint, tmp_path, capsys):
+    from nanoasr.cli import main
+
+    source = tmp_path / "ckpt.gguf"
+    convert.write(source, checkpoint, "f32", report=False)
+    out, table = tmp_path / "out.gguf", tmp_path / "report.txt"
+    out.write_bytes(b"the user's file")
+    assert main(["convert", str(source), "--type", "f16", "--output", str(out), "--report", str(table)]) == 2
+    assert f"{out} exists; --force overwrites it" in capsys.readouterr().err
+    assert out.read_bytes() == b"the user's file" and not table.exists()
+    assert main(["convert", str(source), "--type", "f16", "--output", str(out), "--report", str(table),
+                 "--force"]) == 0
+    assert load_gguf(out).tensors.keys() == checkpoint.tensors.keys()
+    lines = table.read_text().splitlines()
+    assert lines[0].split() == ["tensor", "type", "shape", "bytes", "rel_rms", "max_abs"]
+    assert len(lines) == 1 + len(checkpoint.tensors)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.gguf", "out.gguf", "report.txt"]
 
 
 def fixture_checkpoint(tmp_path):

@@ -174,7 +174,7 @@ def test_stream_events(client, direct):
     assert [e.type for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1)
     assert events[-1].type == "transcript.text.done"
     expected = direct(LONG).text
-    assert len(events) - 1 == len([s for s in direct(LONG).segments if s.text.strip()]) >= 2
+    assert len(events) - 1 > len([s for s in direct(LONG).segments if s.text.strip()]) >= 2  # and within them
     assert "".join(e.delta for e in events[:-1]) == events[-1].text == expected
 
 

@@ -1,7 +1,8 @@
 """nanoasr convert: a checkpoint (directory, .gguf, FunASR model.pt or hub id) -> a nanoasr GGUF of one type.
 
-The per-tensor error table and the size summary go to stdout; progress, warnings and errors to stderr.
-Exit status as in nanoasr.cli.
+A one-line summary goes to stdout, the per-tensor error table to --report FILE; progress (on a terminal),
+warnings and errors to stderr. Existing files are left alone unless --force is given. Exit status as in
+nanoasr.cli.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,7 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--type", dest="target", choices=TARGETS, default="q8_0",
                         help="GGUF type (mix) to write")
     parser.add_argument("--output", "-o", required=True, help="the .gguf file to write")
-    parser.add_argument("--report", default=None, help="also save the per-tensor rows as JSON here")
+    parser.add_argument("--report", default=None, metavar="FILE",
+                        help="write the per-tensor table (type, bytes, error) here: JSON rows when FILE ends "
+                             "in .json, else a text table")
+    parser.add_argument("--force", action="store_true", help="overwrite the output files if they exist")
     parser.add_argument("--revision", default=None, help="hub revision to download and record as the source")
     parser.add_argument("--repo", default=None,
                         help="hub id to record as the source of a local directory "
@@ -52,16 +57,13 @@ def resolve(source: str, revision: str | None) -> tuple[Path, str | None, str | 
 
 
 def tensor_progress(stream):
-    """The writer's progress: one line rewritten in place on a terminal, else a line per tensor."""
-    live = stream.isatty()
+    """The writer's progress: one line rewritten in place on a terminal; nothing elsewhere (a log would get
+    a line per tensor)."""
+    if not stream.isatty():
+        return None
 
     def show(done: int, total: int, name: str, stored_type: str) -> None:
-        line = f"[{done}/{total}] {stored_type:>4} {name}"
-        if live:
-            line = f"\r{line}\033[K" + ("\n" if done == total else "")
-        else:
-            line += "\n"
-        stream.write(line)
+        stream.write(f"\r[{done}/{total}] {stored_type:>4} {name}\033[K" + ("\n" if done == total else ""))
         stream.flush()
 
     return show
@@ -78,19 +80,42 @@ def format_table(rows: list[dict]) -> str:
 
 
 def summary(input_bytes: int, output: Path, rows: list[dict]) -> str:
+    """One line: the file, its size against the input's, its tensor types and the largest error."""
     output_bytes = output.stat().st_size
     counts = collections.Counter(r["type"] for r in rows)
     worst = max((r for r in rows if r["rel_rms"] is not None), key=lambda r: r["rel_rms"], default=None)
-    lines = [f"input tensors: {input_bytes:,} bytes",
-             f"output file:   {output_bytes:,} bytes ({output_bytes / input_bytes:.3f} x input) {output}",
-             "tensor types:  " + ", ".join(f"{t} {n}" for t, n in sorted(counts.items()))]
+    line = (f"{output}: {output_bytes:,} bytes ({output_bytes / input_bytes:.3f} x input), "
+            + ", ".join(f"{n} {t}" for t, n in sorted(counts.items())))
     if worst is not None:
-        lines.append(f"largest relative RMS error: {worst['rel_rms']:.3e} ({worst['name']}, {worst['type']})")
-    return "\n".join(lines)
+        line += f"; largest relative RMS error {worst['rel_rms']:.3e} ({worst['name']}, {worst['type']})"
+    return line
+
+
+def save_report(path: Path, rows: list[dict]) -> None:
+    """The rows as JSON or a table, written beside `path` and renamed onto it."""
+    from nanoasr.formats import gguf_write
+
+    text = json.dumps(rows, indent=1) if path.suffix == ".json" else format_table(rows)
+    partial = gguf_write.partial_path(path)
+    try:
+        partial.write_text(text + "\n", encoding="utf-8")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def existing_output(args) -> str | None:
+    """The first output file that exists already, unless --force allows overwriting it."""
+    outputs = (args.output, args.report, args.export_qwen3_gguf)
+    return None if args.force else next((o for o in outputs if o and Path(o).exists()), None)
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    existing = existing_output(args)
+    if existing:
+        parser.error(f"{existing} exists; --force overwrites it")
     with library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)):
         try:
             run(args)
@@ -101,7 +126,7 @@ def main(argv: list[str]) -> int:
 
 
 def run(args) -> None:
-    """Read the source, write the GGUF (and the qwen3 export), print the table and the summary."""
+    """Read the source, write the GGUF (and the qwen3 export) and the report, print the summary."""
     from nanoasr import convert
     from nanoasr.checkpoints.load import load_checkpoint
 
@@ -114,10 +139,9 @@ def run(args) -> None:
     checkpoint = dataclasses.replace(checkpoint, source=source)
     output, progress = Path(args.output), tensor_progress(sys.stderr)
     rows = convert.write(output, checkpoint, args.target, report=True, progress=progress)
-    print(format_table(rows))
     print(summary(sum(t.nbytes for t in checkpoint.tensors.values()), output, rows))
     if args.report:
-        Path(args.report).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+        save_report(Path(args.report), rows)
     if args.export_qwen3_gguf:
         qwen3 = Path(args.export_qwen3_gguf)
         convert.write_qwen3(qwen3, checkpoint, args.target, report=False, progress=progress)

@@ -240,6 +240,7 @@ class Progress:
     warning lines about the input being transcribed are led by its name."""
 
     WIDTH = 24
+    TOKENS_PER_S = 4.0  # about the rate of speech in tokens: how far into its segment a partial text reaches
 
     def __init__(self, stream, bar: bool, verbose: bool):
         self.stream, self.bar, self.verbose = stream, bar and not verbose, verbose
@@ -263,6 +264,10 @@ class Progress:
         if self.verbose:
             self.line(f"[{_clock(segment.start)} --> {_clock(segment.end)}] {segment.text.strip()}")
         self.draw(segment.end)
+
+    def partial(self, segment):
+        """The earliest unfinished segment as far as it is decoded: the bar moves through its span."""
+        self.draw(min(segment.start + len(segment.token_ids) / self.TOKENS_PER_S, segment.end))
 
     def draw(self, done_s: float):
         if not self.bar:
@@ -393,7 +398,8 @@ def _transcribe_one(model, item: Item, options: dict, progress, max_duration_s: 
     try:
         audio = decode_audio(item.source, max_duration_s=max_duration_s)  # the model takes it as it is
         progress.start(audio.duration_s)
-        transcript = model.transcribe(audio, on_segment=progress.segment, **options)
+        transcript = model.transcribe(audio, on_segment=progress.segment,
+                                      on_partial=progress.partial if progress.bar else None, **options)
     except NanoasrError as exc:
         progress.error(exc)
         return None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -36,6 +37,15 @@ def _stream(path: Path, w: GGUFWriter, infos, data: Iterable[np.ndarray], progre
             progress(k, len(infos), name, dtype)
 
 
+def partial_path(path: Path) -> Path:
+    """A new, empty file beside `path` to write it in: its own name (created here, never one that exists),
+    so neither a file of the user's nor another conversion's is overwritten, and on the same file system,
+    so the rename that finishes is atomic."""
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
+    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    return partial
+
+
 def write(path: Path, arch: str, add_metadata: Callable[[GGUFWriter], None],
           infos: list[tuple[str, tuple[int, ...], str]], data: Iterable[np.ndarray],
           progress: Progress | None = None) -> None:
@@ -47,7 +57,7 @@ def write(path: Path, arch: str, add_metadata: Callable[[GGUFWriter], None],
     flushed and let go of the page cache, so that its first load reads it from disk in large folios.
     """
     path = Path(path)
-    partial = path.with_name(path.name + ".partial")
+    partial = partial_path(path)
     w = GGUFWriter(partial, arch)
     try:
         add_metadata(w)

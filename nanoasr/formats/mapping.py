@@ -39,6 +39,19 @@ def ask_for_huge_pages(region: mmap.mmap) -> None:
             pass
 
 
+def release_pages(array: np.ndarray) -> None:
+    """Drop the pages of a view of a file mapping from this process's resident set (MADV_DONTNEED; the page
+    cache keeps them, so a later read costs a page fault, not a disk read). Pages it shares with a
+    neighbouring view go too and come back on use. Arrays not over a mapping, or not one contiguous range
+    of it, are left alone."""
+    mapping = getattr(array, "_mmap", None)  # numpy's handle on the mapping, as in map_read_only
+    if mapping is None or not (array.flags.contiguous and array.nbytes and hasattr(mmap, "MADV_DONTNEED")):
+        return
+    offset = array.ctypes.data - np.frombuffer(mapping, np.uint8).ctypes.data
+    start = offset - offset % mmap.PAGESIZE
+    mapping.madvise(mmap.MADV_DONTNEED, start, offset + array.nbytes - start)
+
+
 def leave_page_cache(path: str | Path) -> None:
     """Write a file's dirty pages to disk and drop its pages from the page cache (where the OS can), so that
     its next reader reads it from disk in large folios. Pages another process has mapped stay."""

@@ -49,6 +49,22 @@ def loop_start(ids: list[int]) -> int | None:
     return None
 
 
+def settled_length(ids: list[int], ignore_stop: bool = False) -> int:
+    """How many leading ids of an unfinished generation no stopping rule can take back. The repetition guard
+    cuts a loop back to its first copy, so an id stays open while the tail repeats with some period from
+    before it: a loop of that period may yet form there. The last id is never a stop id here (its row
+    would have finished)."""
+    n, settled = len(ids), len(ids)
+    if ignore_stop:  # no guard: every id chosen is kept
+        return n
+    for period in range(1, MAX_PERIOD + 1):
+        run = min(period, n)  # the longest tail that repeats with this period
+        while run < n and ids[n - run - 1] == ids[n - run - 1 + period]:
+            run += 1
+        settled = min(settled, n - run + period)  # loop_start keeps ids before its second copy
+    return settled
+
+
 @dataclass
 class Generation:
     ids: list[int]
@@ -133,13 +149,15 @@ def _untimed(stage: str):  # the stage context when no timer is given
 
 
 def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, rows=None, timer=None,
-             on_done=None, bf16_rope=False):
+             on_done=None, bf16_rope=False, on_tokens=None):
     """embeds: prompt embeddings [L_b, H]; budgets: new tokens allowed each -> list[Generation], in order.
 
     At most `rows` prompts decode together (all of them when None); a row that finishes takes the next
     prompt at once, so a long generation never holds up the prompts behind it. `embeds` may be a lazy
     iterable when `rows` is given: it is read only as rows free up. `timer`, when given (nanoasr.api.Timer),
-    times the "prefill" and "decode" stages; `on_done(index, generation)` is called as each prompt finishes.
+    times the "prefill" and "decode" stages; `on_done(index, generation)` is called as each prompt finishes,
+    and `on_tokens(index, ids)` before each decode step for each prompt still decoding, with its settled ids
+    (settled_length).
     `ignore_stop` decodes exactly `budget` tokens, never choosing a stop token (reference comparisons,
     benchmarks). `bf16_rope`: the funasr profile's rotary frequencies (decoder.Session).
     """
@@ -157,6 +175,9 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
             continue
         if not live:
             return [results[item] for item in range(len(results))]
+        if on_tokens is not None:
+            for row in live:
+                on_tokens(row.item, row.ids[:settled_length(row.ids, ignore_stop)])
         with stage("decode"):
             ids, lps = _greedy(session.step([row.ids[-1] for row in live]), suppress)
             for row, token, lp in zip(live, ids, lps):

@@ -238,16 +238,32 @@ def storage_type(name: str, shape: tuple[int, ...], target: str, n_layers: int) 
     return "q4_k"
 
 
+class ErrorSums:
+    """The sums behind error_report, added a piece at a time, so a tensor too large to widen whole is
+    measured in pieces."""
+
+    def __init__(self):
+        self.count, self.err2, self.norm2, self.max_abs = 0, 0.0, 0.0, 0.0
+
+    def add(self, x: np.ndarray, restored: np.ndarray) -> None:
+        a = np.asarray(x, dtype=np.float32).reshape(-1).astype(np.float64)
+        b = np.asarray(restored, dtype=np.float32).reshape(-1).astype(np.float64)
+        self.count += len(a)
+        self.err2 += float(np.square(b - a).sum())
+        self.norm2 += float(np.square(a).sum())
+        self.max_abs = max(self.max_abs, float(np.abs(b - a).max(initial=0.0)))
+
+    def report(self) -> dict:
+        """RMS of the error over the RMS of x (the plain RMS where x is all zero), and the largest error."""
+        rms = np.sqrt(self.err2 / max(self.count, 1))
+        norm = np.sqrt(self.norm2 / max(self.count, 1))
+        return {"rel_rms": float(rms / norm if norm else rms), "max_abs": self.max_abs}
+
+
 def error_report(x: np.ndarray, restored: np.ndarray) -> dict:
     """RMS of the error over the RMS of x (the plain RMS where x is all zero), and the largest error."""
-    x = np.asarray(x, dtype=np.float32).reshape(-1)
-    restored = np.asarray(restored, dtype=np.float32).reshape(-1)
-    err2 = norm2 = max_abs = 0.0
+    x, restored = np.asarray(x).reshape(-1), np.asarray(restored).reshape(-1)
+    sums = ErrorSums()
     for start in range(0, len(x), BATCH):
-        a, b = x[start:start + BATCH].astype(np.float64), restored[start:start + BATCH].astype(np.float64)
-        err2 += float(np.square(b - a).sum())
-        norm2 += float(np.square(a).sum())
-        max_abs = max(max_abs, float(np.abs(b - a).max()))
-    rms = np.sqrt(err2 / max(len(x), 1))
-    norm = np.sqrt(norm2 / max(len(x), 1))
-    return {"rel_rms": float(rms / norm if norm else rms), "max_abs": max_abs}
+        sums.add(x[start:start + BATCH], restored[start:start + BATCH])
+    return sums.report()

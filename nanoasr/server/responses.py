@@ -1,5 +1,5 @@
 """The transcript as a response: json, text, srt, vtt or verbose_json, or server-sent events that carry the
-text each finished segment adds, then the whole text (or an error)."""
+text as the decoder settles it, then the whole text (or an error)."""
 
 import asyncio
 import gzip
@@ -50,22 +50,35 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(gzip.compress(data)) if data else 0.0
 
 
-def events_sink(loop, events: asyncio.Queue, first_segment: asyncio.Future):
-    """on_segment for the worker thread: the text each finished segment adds to the joined transcript;
-    `first_segment` is set when the first one is done."""
-    from nanoasr.api import join_texts
+class TextEvents:
+    """The worker thread's callbacks (Model.transcribe's on_segment and on_partial): the text that each
+    finished segment, or the settled tokens of the earliest unfinished one, add to the joined transcript
+    goes out as a transcript.text.delta event; `started` is set at the first text, or the first finished
+    segment."""
 
-    texts: list[str] = []
+    def __init__(self, loop, events: asyncio.Queue, started: asyncio.Future):
+        self.loop, self.events, self.started = loop, events, started
+        self.finished = ""  # the finished segments' texts, joined
+        self.sent = ""  # the deltas sent so far, joined: always a prefix of the final text
 
-    def on_segment(segment):
-        before = join_texts(texts)
-        texts.append(segment.text)
-        delta = join_texts(texts)[len(before):]
+    def on_segment(self, segment) -> None:
+        from nanoasr.api import join_texts
+
+        self.finished = join_texts([self.finished, segment.text])
+        self._send(self.finished)
+        self.loop.call_soon_threadsafe(settle, self.started)
+
+    def on_partial(self, segment) -> None:
+        from nanoasr.api import join_texts
+
+        self._send(join_texts([self.finished, segment.text]))  # joining adds one text at a time
+
+    def _send(self, joined: str) -> None:
+        delta, self.sent = joined[len(self.sent):], joined
         if delta:
-            loop.call_soon_threadsafe(events.put_nowait, {"type": "transcript.text.delta", "delta": delta})
-        loop.call_soon_threadsafe(settle, first_segment)
-
-    return on_segment
+            self.loop.call_soon_threadsafe(self.events.put_nowait,
+                                           {"type": "transcript.text.delta", "delta": delta})
+            self.loop.call_soon_threadsafe(settle, self.started)
 
 
 def settle(future: asyncio.Future) -> None:
@@ -74,7 +87,7 @@ def settle(future: asyncio.Future) -> None:
 
 
 async def stream_events(events: asyncio.Queue, job: asyncio.Future):
-    """SSE: a delta per finished segment, then transcript.text.done (or an error event)."""
+    """SSE: a delta as text becomes final, then transcript.text.done (or an error event)."""
     while not (job.done() and events.empty()):
         getter = asyncio.ensure_future(events.get())
         done, _ = await asyncio.wait({getter, job}, return_when=asyncio.FIRST_COMPLETED)
@@ -96,14 +109,14 @@ def sse(event: dict) -> str:
 
 
 async def event_stream_response(service, form, options):
-    """SSE, answered once the first segment is done: a failure before it (bad audio, a prompt over the token
-    limit) gets its own status code, as without streaming."""
+    """SSE, answered once decoding gives its first text: a failure before it (bad audio, a prompt over the
+    token limit) gets its own status code, as without streaming."""
     from fastapi.responses import StreamingResponse
 
     loop = asyncio.get_running_loop()
-    events, first_segment = asyncio.Queue(), loop.create_future()
-    job = service.start(form, options, events_sink(loop, events, first_segment))
-    await asyncio.wait({first_segment, job}, return_when=asyncio.FIRST_COMPLETED)
-    if not first_segment.done():
+    events, started = asyncio.Queue(), loop.create_future()
+    job = service.start(form, options, TextEvents(loop, events, started))
+    await asyncio.wait({started, job}, return_when=asyncio.FIRST_COMPLETED)
+    if not started.done():
         job.result()  # the job ended with no segment: a failure raises here, before anything was sent
     return StreamingResponse(stream_events(events, job), media_type="text/event-stream")

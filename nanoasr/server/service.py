@@ -97,15 +97,16 @@ class Service:
         except OptionError as exc:
             raise refused_field(exc) from None
 
-    def start(self, form: UploadForm, options: RequestOptions, on_segment) -> asyncio.Future:
-        """Queues the job; the future is its transcript."""
+    def start(self, form: UploadForm, options: RequestOptions, events=None) -> asyncio.Future:
+        """Queues the job; the future is its transcript. `events` (responses.TextEvents) hears of the text
+        as it is decoded."""
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self.queue.worker, self.job, form, options, on_segment)
+        return loop.run_in_executor(self.queue.worker, self.job, form, options, events)
 
-    def job(self, form: UploadForm, options: RequestOptions, on_segment):
+    def job(self, form: UploadForm, options: RequestOptions, events):
         """Runs on the worker thread; the queue slot is freed whatever happens."""
         try:
-            return self.transcribe(self.decode(form), options, on_segment)
+            return self.transcribe(self.decode(form), options, events)
         finally:
             self.queue.finish()
 
@@ -122,8 +123,9 @@ class Service:
         finally:
             form.discard()
 
-    def transcribe(self, audio, options: RequestOptions, on_segment):
+    def transcribe(self, audio, options: RequestOptions, events):
+        callbacks = {} if events is None else dict(on_segment=events.on_segment, on_partial=events.on_partial)
         try:
-            return self.model.transcribe(audio, on_segment=on_segment, **options.transcribe)
+            return self.model.transcribe(audio, **callbacks, **options.transcribe)
         except NanoasrError as exc:
             raise api_error(exc, str(exc)) from None
