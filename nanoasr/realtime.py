@@ -29,7 +29,7 @@ import numpy as np
 from nanoasr.api import Model, Options, join_texts
 from nanoasr.audio import SAMPLE_RATE
 from nanoasr.audio.vad import DEFAULT_THRESHOLD, StreamingVad, Transition
-from nanoasr.errors import AudioError, OptionError
+from nanoasr.errors import AudioError, NanoasrError, OptionError
 
 PARTIAL_INTERVAL_S = 0.48  # FunASR's decode interval: a first word about half a second after speech starts
 PARTIAL_WINDOW_S = 8.0  # FunASR 1.4.16's partial window: re-encoding costs O(window^2), so it is bounded
@@ -108,6 +108,12 @@ class Delta:
 
 
 @dataclass(frozen=True)
+class Failed:
+    item: int
+    message: str
+
+
+@dataclass(frozen=True)
 class Completed:
     item: int
     transcript: str
@@ -118,9 +124,9 @@ class Completed:
 class _Audio:
     """The stream's recent samples: [start, end) of the stream, in a buffer that grows by doubling."""
 
-    def __init__(self):
+    def __init__(self, start: int):
         self.data = np.zeros(SAMPLE_RATE, np.float32)
-        self.start = self.end = 0
+        self.start = self.end = start
 
     def append(self, samples) -> None:
         used = self.end - self.start
@@ -162,13 +168,16 @@ class LiveSession:
     cause, in order; `turn_detection` None means the client commits each utterance itself."""
 
     def __init__(self, model: Model, options: Options | None = None,
-                 turn_detection: TurnDetection | None = TurnDetection(), limits: Limits = Limits()):
+                 turn_detection: TurnDetection | None = TurnDetection(), limits: Limits = Limits(),
+                 start: int = 0):
+        """`start`: the stream sample the first sample fed will be (a session that replaces another one on
+        the same stream keeps its clock)."""
         self.model, self.options, self.limits = model, options or Options(), limits
         model.check_options(self.options.language, self.options.word_timestamps)
         self.turn_detection = turn_detection
         self.vad = None if turn_detection is None else StreamingVad(turn_detection.threshold,
-                                                                    turn_detection.silence_duration_ms)
-        self.audio = _Audio()
+                                                                    turn_detection.silence_duration_ms, start)
+        self.audio = _Audio(start)
         self.items = 0  # items numbered so far
         self.item: int | None = None  # the utterance under way (server VAD), with its start sample
         self.item_start = 0
@@ -262,18 +271,24 @@ class LiveSession:
         item, start = self.item, self.item_start
         events = [SpeechStopped(item, ms(end))] if stopped else []
         events.append(Committed(item, ms(start), ms(end)))
+        try:
+            events += self._final(item, self.audio.span(start, end))
+        except NanoasrError as exc:  # the model refused this audio; the session goes on
+            events.append(Failed(item, str(exc)))
+        finally:
+            self.audio.drop_before(end)
+            self.item = None
+        return events
+
+    def _final(self, item: int, wave) -> list:
         text, ids = "", ()
-        if end - start >= MIN_COMMIT_MS * SAMPLE_RATE // 1000:  # less is no speech (a cut at the limit)
-            transcript = self._transcribe(self.audio.span(start, end))
+        if len(wave) >= MIN_COMMIT_MS * SAMPLE_RATE // 1000:  # less is no speech (a cut at the limit)
+            transcript = self._transcribe(wave)
             text = transcript.text
             ids = tuple(t for segment in transcript.segments for t in segment.token_ids)
         sent = self.partial.sent
-        if text.startswith(sent) and len(text) > len(sent):
-            events.append(Delta(item, text[len(sent):]))
-        events.append(Completed(item, text, ids, (end - start) / SAMPLE_RATE))
-        self.audio.drop_before(end)
-        self.item = None
-        return events
+        tail = [Delta(item, text[len(sent):])] if text.startswith(sent) and len(text) > len(sent) else []
+        return tail + [Completed(item, text, ids, len(wave) / SAMPLE_RATE)]
 
     def _transcribe(self, wave):
         return self.model.transcribe(wave, sample_rate=SAMPLE_RATE, **dataclasses.asdict(self.options))

@@ -51,14 +51,16 @@ class Transition:
 class StreamingVad:
     """Speech start and end of a 16 kHz stream fed in chunks of any size; memory is bounded by HISTORY_S."""
 
-    def __init__(self, threshold: float = DEFAULT_THRESHOLD, silence_ms: int | None = None):
+    def __init__(self, threshold: float = DEFAULT_THRESHOLD, silence_ms: int | None = None, origin: int = 0):
+        """`origin`: the stream sample the first sample fed will be (transitions count from the stream's
+        start)."""
         if not 0.0 <= threshold <= 1.0:
             raise OptionError(f"threshold must be between 0 and 1; got {threshold}", "threshold")
         if silence_ms is not None and silence_ms < 0:
             raise OptionError(f"silence_duration_ms must be 0 or more; got {silence_ms}",
                               "silence_duration_ms")
         self.offset_db = (threshold - DEFAULT_THRESHOLD) * DB_PER_THRESHOLD
-        self.silence_ms = silence_ms
+        self.silence_ms, self.origin = silence_ms, origin
         self.tail = np.zeros(0, np.float32)  # samples not yet in a whole frame
         self.frames = 0  # frames measured so far: frame k covers samples [k * HOP, k * HOP + FRAME)
         self.history = np.zeros(0)  # the last HISTORY_S seconds of frame energies, dB
@@ -95,12 +97,15 @@ class StreamingVad:
             if (not self.in_speech and k - self.region_start + 1 >= round(MIN_SPEECH_S / HOP_S)
                     and self.region_peak > threshold + HYSTERESIS_DB):
                 self.in_speech, self.speech_start = True, self.region_start
-                return Transition(True, self.region_start * HOP, k * HOP + FRAME)
+                return Transition(True, self._sample(self.region_start), self._sample(k) + FRAME)
             return None
         if self.in_speech and (k - self.last_speech) * HOP_S * 1e3 >= self.silence_needed_ms(k):
             self.in_speech = False
-            return Transition(False, self.last_speech * HOP + FRAME, k * HOP + FRAME)
+            return Transition(False, self._sample(self.last_speech) + FRAME, self._sample(k) + FRAME)
         return None
+
+    def _sample(self, frame: int) -> int:  # the stream sample where `frame` begins
+        return self.origin + frame * HOP
 
     def silence_needed_ms(self, frame: int) -> int:
         return silence_limit_ms((frame - self.speech_start) * HOP_S, self.silence_ms)
@@ -108,7 +113,7 @@ class StreamingVad:
     def restart(self, at: int) -> None:
         """The current speech is cut at sample `at` (an utterance at its length limit); it goes on as new
         speech from there, so the schedule starts over."""
-        self.speech_start = at // HOP
+        self.speech_start = (at - self.origin) // HOP
 
     def end_speech(self) -> None:
         """The current speech was ended from outside (a manual commit or a clear): what follows must start

@@ -70,7 +70,9 @@ def main(argv: list[str]) -> int:
         app = _app(args)
         if app is None:
             return EXIT_FAILED
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        from nanoasr.server.realtime import WS_MAX_BYTES
+
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info", ws_max_size=WS_MAX_BYTES)
     return EXIT_OK
 
 

@@ -10,6 +10,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nanoasr.server.errors import ApiError, internal_error
 from nanoasr.server.openapi import OPENAPI_REQUEST, OPENAPI_RESPONSES
+from nanoasr.server.realtime import router as realtime_router
 from nanoasr.server.responses import event_stream_response, transcript_response
 from nanoasr.server.service import Service
 
@@ -109,6 +110,7 @@ def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, 
                                 max_queue=max_queue, max_duration_s=max_duration_s,
                                 read_timeout_s=read_timeout_s, upload_dir=upload_dir)
     app.include_router(router)
+    app.include_router(realtime_router)  # /v1/realtime?intent=transcription
     for error, handler in ERROR_HANDLERS.items():
         app.add_exception_handler(error, handler)
     app.middleware("http")(require_key)

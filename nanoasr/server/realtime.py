@@ -1,0 +1,327 @@
+"""`/v1/realtime?intent=transcription`: OpenAI's Realtime API in transcription mode over a WebSocket, on the
+server's one model (nanoasr.realtime.LiveSession does the listening; live_config.py reads the session
+settings; live_audio.py converts the audio).
+
+A connection holds one slot of the server's queue while it is open (so sessions and uploads together stay
+within --max-queue) and runs its decoding on the server's worker thread, in turn with the HTTP requests. Audio
+waits in the connection's backlog while the worker is busy; the backlog is fed to the session at once when the
+worker is free (so a session that falls behind gets fewer partials, not a queue of them), and past
+MAX_BACKLOG_S the connection stops reading the socket until the worker catches up (TCP holds the client back).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import uuid
+
+import numpy as np
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from nanoasr.audio import SAMPLE_RATE
+from nanoasr.errors import AudioError, OptionError
+from nanoasr.realtime import (Committed, Completed, Delta, Failed, Limits, LiveSession, SpeechStarted,
+                              SpeechStopped)
+from nanoasr.server.errors import ApiError
+from nanoasr.server.live_audio import Converter
+from nanoasr.server.live_config import ClientError, SessionConfig, updated_beta, updated_ga
+
+REALTIME = "/v1/realtime"
+MIB = 1024 * 1024
+MAX_APPEND_BYTES = 15 * MIB  # OpenAI's limit on one append's audio
+WS_MAX_BYTES = 24 * MIB  # one message: a 15 MiB append in base64 fits; a longer one closes the socket (1009)
+MAX_BACKLOG_S = 30.0  # audio received and not yet decoded, at most, before the socket is no longer read
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:22]}"
+
+
+@router.websocket(REALTIME)
+async def realtime(websocket: WebSocket):
+    service = websocket.app.state.service
+    refusal = _refusal(websocket, service.api_key)
+    if refusal is None:
+        try:
+            service.queue.admit()
+        except ApiError as exc:
+            refusal = exc
+    if refusal is not None:
+        await _deny(websocket, refusal)
+        return
+    try:
+        offered = websocket.scope.get("subprotocols", [])
+        await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
+        await Connection(websocket, service, getattr(websocket.app.state, "live_limits", Limits())).run()
+    finally:
+        service.queue.leave()
+
+
+def _refusal(websocket: WebSocket, api_key: str | None) -> ApiError | None:
+    """Why the handshake is refused (a key the HTTP routes would refuse, another intent), or None."""
+    if api_key is not None:
+        offered = websocket.scope.get("subprotocols", [])
+        if (websocket.headers.get("authorization", "") != f"Bearer {api_key}"
+                and f"openai-insecure-api-key.{api_key}" not in offered):
+            return ApiError(401, "Incorrect or missing API key", code="invalid_api_key")
+    if websocket.query_params.get("intent") != "transcription":
+        return ApiError(400, "this server runs transcription sessions only: connect to "
+                             f"{REALTIME}?intent=transcription", param="intent", code="invalid_intent")
+    return None
+
+
+async def _deny(websocket: WebSocket, err: ApiError) -> None:
+    """An HTTP response with OpenAI's error body where the server can send one, else a policy close."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        from fastapi.responses import JSONResponse
+
+        await websocket.send_denial_response(JSONResponse(err.body(), status_code=err.status))
+    else:
+        await websocket.close(code=1008, reason=err.message[:120])
+
+
+class Connection:
+    """One WebSocket: reads client events, feeds the LiveSession on the worker, sends OpenAI's events."""
+
+    def __init__(self, websocket: WebSocket, service, limits: Limits):
+        self.ws, self.service, self.limits = websocket, service, limits
+        self.session_id = new_id("sess")
+        self.config = SessionConfig()
+        self.converter = Converter(self.config.format)
+        self.options = self.config.options(service.model)
+        self.live = LiveSession(service.model, self.options, self.config.turn_detection, limits)
+        self.beta = False  # the client spoke the beta shape: items are announced as conversation.item.created
+        self.ops: asyncio.Queue = asyncio.Queue()  # (kind, payload, client event id), in arrival order
+        self.held = None  # an op taken out of the queue while gathering audio, run next
+        self.backlog = 0  # samples received and not yet fed
+        self.caught_up = asyncio.Event()
+        self.caught_up.set()
+        self.generation = 0  # LiveSessions replaced by session updates; their items get their own ids
+        self.item_ids: dict[tuple[int, int], str] = {}
+        self.last_item_id: str | None = None
+        self.previous_of: dict[str, str | None] = {}  # item id -> the item committed before it
+
+    async def run(self) -> None:
+        await self.send({"type": "session.created", "session": self.config.ga(self.session_id)})
+        tasks = [asyncio.create_task(self.receive()), asyncio.create_task(self.pump())]
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        failure = next((t.exception() for t in done if t.exception() is not None), None)
+        if failure is not None:  # a fault of the server's: the client is told, and the socket closed
+            log.error("realtime session %s failed", self.session_id, exc_info=failure)
+            await self._close_after(self.error(f"internal error: {type(failure).__name__}", None,
+                                               "internal_error", None, "server_error"))
+
+    async def _close_after(self, sending) -> None:
+        try:
+            await sending
+            await self.ws.close(code=1011)
+        except (WebSocketDisconnect, RuntimeError):  # the client is gone already
+            pass
+
+    async def receive(self) -> None:
+        """Client events until the client goes; reading pauses while the backlog is full."""
+        while True:
+            await self.caught_up.wait()
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            if message.get("text") is None:
+                await self.error("binary frames are not part of the protocol: send JSON text events", None,
+                                 "invalid_message", None)
+                continue
+            await self.handle(message["text"])
+
+    async def handle(self, text: str) -> None:
+        try:
+            event = json.loads(text)
+        except ValueError as exc:
+            await self.error(f"the event is not valid JSON: {exc}", None, "invalid_json", None)
+            return
+        event_id = event.get("event_id") if isinstance(event, dict) else None
+        try:
+            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+                raise ClientError("an event must be a JSON object with a string `type`", "type",
+                                  "invalid_event")
+            handler = HANDLERS.get(event["type"])
+            if handler is None:
+                raise ClientError(f"unknown event type {event['type']!r} for a transcription session; "
+                                  f"accepted: {', '.join(HANDLERS)}", "type", "invalid_event")
+            await handler(self, event)
+        except ClientError as exc:
+            await self.error(exc.message, exc.param, exc.code,
+                             event_id if isinstance(event_id, str) else None)
+
+    async def send(self, event: dict) -> None:
+        await self.ws.send_text(json.dumps({"event_id": new_id("event"), **event}, ensure_ascii=False))
+
+    async def error(self, message: str, param, code, event_id, type_: str = "invalid_request_error") -> None:
+        await self.send({"type": "error", "error": {"type": type_, "code": code, "message": message,
+                                                    "param": param, "event_id": event_id}})
+
+    # --- client events -----------------------------------------------------------------------------------
+
+    async def session_update(self, event: dict) -> None:
+        await self._update(updated_ga(self.config, event.get("session")), beta=False)
+
+    async def transcription_session_update(self, event: dict) -> None:
+        await self._update(updated_beta(self.config, event.get("session")), beta=True)
+
+    async def _update(self, config: SessionConfig, beta: bool) -> None:
+        try:
+            options = config.options(self.service.model)
+        except OptionError as exc:
+            field = {"language": "language", "context": "prompt", "hotwords": "keywords"}.get(exc.field)
+            where = "session.input_audio_transcription" if beta else "session.audio.input.transcription"
+            raise ClientError(str(exc), f"{where}.{field}" if field else None) from None
+        if config.format != self.config.format:
+            self.converter = Converter(config.format)
+        self.config, self.beta = config, beta
+        await self.ops.put(("update", (config, options, beta), None))
+
+    async def append(self, event: dict) -> None:
+        audio = event.get("audio")
+        if not isinstance(audio, str):
+            raise ClientError("input_audio_buffer.append needs `audio`, a base64 string", "audio")
+        if len(audio) // 4 * 3 > MAX_APPEND_BYTES + 2:  # refused before it is decoded
+            raise ClientError(f"an append carries at most {MAX_APPEND_BYTES // MIB} MiB of audio; got about "
+                              f"{len(audio) // 4 * 3 / MIB:.1f} MiB", "audio", "audio_too_large")
+        try:
+            data = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise ClientError("`audio` is not valid base64", "audio", "invalid_base64") from None
+        if len(data) > MAX_APPEND_BYTES:
+            raise ClientError(f"an append carries at most {MAX_APPEND_BYTES // MIB} MiB of audio; got "
+                              f"{len(data) / MIB:.1f} MiB", "audio", "audio_too_large")
+        await self._queue_audio(self.converter.convert(data))
+
+    async def commit(self, event: dict) -> None:
+        await self._queue_audio(self.converter.flush())  # the committed buffer holds every sample sent
+        await self.ops.put(("commit", None, event.get("event_id")))
+
+    async def clear(self, event: dict) -> None:
+        self.converter.flush()
+        await self.ops.put(("clear", None, event.get("event_id")))
+
+    async def _queue_audio(self, samples) -> None:
+        if len(samples):
+            self.backlog += len(samples)
+            if self.backlog > MAX_BACKLOG_S * SAMPLE_RATE:
+                self.caught_up.clear()
+            await self.ops.put(("audio", samples, None))
+
+    # --- the session, on the worker ------------------------------------------------------------------------
+
+    async def pump(self) -> None:
+        """Runs the queued work in order, each step on the worker; audio waiting together is fed at once."""
+        while True:
+            kind, payload, event_id = await self._next()
+            try:
+                if kind == "audio":
+                    events = await self._work(self.live.feed, payload)
+                    self.backlog -= len(payload)
+                    if self.backlog <= MAX_BACKLOG_S * SAMPLE_RATE:
+                        self.caught_up.set()
+                elif kind == "commit":
+                    events = await self._work(self.live.commit)
+                elif kind == "clear":
+                    events = await self._work(self.live.clear) or []
+                    await self.send({"type": "input_audio_buffer.cleared"})
+                else:
+                    events = await self._replace(*payload)
+            except AudioError as exc:  # a commit of too little audio
+                await self.error(f"Error committing input audio buffer: {exc}", None,
+                                 "input_audio_buffer_commit_empty", event_id)
+                continue
+            for event in events:
+                for message in self.translate(event):
+                    await self.send(message)
+
+    async def _next(self):
+        op = self.held or await self.ops.get()
+        self.held = None
+        if op[0] != "audio":
+            return op
+        chunks = [op[1]]
+        while not self.ops.empty():
+            following = self.ops.get_nowait()
+            if following[0] != "audio":
+                self.held = following
+                break
+            chunks.append(following[1])
+        return "audio", np.concatenate(chunks), None
+
+    def _work(self, call, *args):
+        return asyncio.get_running_loop().run_in_executor(self.service.queue.worker, call, *args)
+
+    async def _replace(self, config: SessionConfig, options, beta: bool) -> list:
+        """A session update: new options or turn detection start a new LiveSession at the stream's present
+        sample (audio held and not committed is dropped); the format alone changes only the converter."""
+        if (options, config.turn_detection) != (self.options, self.live.turn_detection):
+            self.live = LiveSession(self.service.model, options, config.turn_detection, self.limits,
+                                    self.live.audio.end)
+            self.options, self.generation = options, self.generation + 1
+        if beta:
+            await self.send({"type": "transcription_session.updated",
+                             "session": config.beta(self.session_id)})
+        else:
+            await self.send({"type": "session.updated", "session": config.ga(self.session_id)})
+        return []
+
+    # --- server events -------------------------------------------------------------------------------------
+
+    def item_id(self, item: int) -> str:
+        return self.item_ids.setdefault((self.generation, item), new_id("item"))
+
+    def translate(self, event) -> list[dict]:
+        """A LiveSession event as OpenAI's server events."""
+        item_id = self.item_id(event.item)
+        if isinstance(event, SpeechStarted):
+            return [{"type": "input_audio_buffer.speech_started", "audio_start_ms": event.audio_start_ms,
+                     "item_id": item_id}]
+        if isinstance(event, SpeechStopped):
+            return [{"type": "input_audio_buffer.speech_stopped", "audio_end_ms": event.audio_end_ms,
+                     "item_id": item_id}]
+        if isinstance(event, Committed):
+            previous, self.last_item_id = self.last_item_id, item_id
+            self.previous_of[item_id] = previous
+            added = "conversation.item.created" if self.beta else "conversation.item.added"
+            return [{"type": "input_audio_buffer.committed", "item_id": item_id,
+                     "previous_item_id": previous},
+                    {"type": added, "item": user_item(item_id, None), "previous_item_id": previous}]
+        if isinstance(event, Delta):
+            return [{"type": "conversation.item.input_audio_transcription.delta", "item_id": item_id,
+                     "content_index": 0, "delta": event.text}]
+        if isinstance(event, Failed):
+            return [{"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id,
+                     "content_index": 0, "error": {"type": "server_error", "code": "transcription_failed",
+                                                   "message": event.message, "param": None}}]
+        return self._completed(item_id, event)
+
+    def _completed(self, item_id: str, event: Completed) -> list[dict]:
+        out = [{"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
+                "content_index": 0, "transcript": event.transcript,
+                "usage": {"type": "duration", "seconds": round(event.seconds, 3)}}]
+        if not self.beta:
+            out.append({"type": "conversation.item.done", "item": user_item(item_id, event.transcript),
+                        "previous_item_id": self.previous_of.pop(item_id, None)})
+        return out
+
+
+def user_item(item_id: str, transcript: str | None) -> dict:
+    """The conversation item of one utterance: a user message holding its audio (not sent back)."""
+    return {"id": item_id, "type": "message", "role": "user", "object": "realtime.item",
+            "status": "completed", "content": [{"type": "input_audio", "transcript": transcript}]}
+
+
+HANDLERS = {"session.update": Connection.session_update,
+            "transcription_session.update": Connection.transcription_session_update,
+            "input_audio_buffer.append": Connection.append,
+            "input_audio_buffer.commit": Connection.commit,
+            "input_audio_buffer.clear": Connection.clear}
