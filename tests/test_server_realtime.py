@@ -300,3 +300,53 @@ def test_refused_handshakes(base, key, query, status):
     assert refused.value.response.status_code == status
     body = json.loads(refused.value.response.body)
     assert body["error"]["type"] == "invalid_request_error"
+
+
+def test_partials_arrive_while_the_speaker_goes_on(app, base, tiny_model):
+    app.state.live_limits = Limits()
+    clip, _ = utterances_clip(seeds=(9,))
+    speech = clip[:int(2.2 * 16000)]  # quiet, 1 s of speech, then quiet up to the commit
+    data = pcm16(soxr.resample(speech, 16000, 24000, "HQ"))
+
+    async def run():
+        async with connect(base) as conn:
+            await receive(conn)
+            await conn.session.update(session=ga_session({"type": "server_vad"}))
+            await receive(conn)
+            await append(conn, data, 2400)  # 50 ms chunks
+            await conn.input_audio_buffer.commit()  # before the 2 s of the silence schedule pass
+            return await until(conn, "conversation.item.done")
+
+    events = asyncio.run(run())
+    kinds = [e["type"] for e in events]
+    assert "input_audio_buffer.speech_stopped" not in kinds  # the commit ended it
+    first_delta = kinds.index("conversation.item.input_audio_transcription.delta")
+    assert first_delta < kinds.index("input_audio_buffer.committed")
+    (started,) = of(events, "input_audio_buffer.speech_started")
+    (done,) = of(events, "conversation.item.input_audio_transcription.completed")
+    expected = tiny_model.transcribe(at_16k(data)[started["audio_start_ms"] * 16:], sample_rate=16000,
+                                     language="en")
+    assert done["transcript"] == expected.text
+
+
+def test_sessions_hold_queue_slots_and_give_them_back(tiny_model):
+    app = create_app(tiny_model, max_queue=2)
+
+    async def run(base):
+        async with connect(base) as first, connect(base) as second:
+            await receive(first)
+            await receive(second)
+            with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+                async with connect(base) as third:
+                    await third.recv_bytes()
+            assert refused.value.response.status_code == 503
+        for _ in range(100):  # the server notices the closes
+            if app.state.service.queue.pending == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert app.state.service.queue.pending == 0
+        async with connect(base) as again:
+            return await receive(again)
+
+    with running(app) as base:
+        assert asyncio.run(run(base))["type"] == "session.created"
