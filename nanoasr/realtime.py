@@ -64,12 +64,15 @@ class TurnDetection:
 
 @dataclass(frozen=True)
 class Limits:
-    """What one session may do: partial cadence and window, the longest utterance."""
+    """What one session may do: partial cadence and window, the longest utterance. `catch_up_s`: a caller
+    that gathers audio while decoding runs (the server) skips the partial of a feed holding more than this,
+    so a session that has fallen behind catches up before it decodes partials again."""
 
     partial_interval_s: float = PARTIAL_INTERVAL_S
     partial_window_s: float = PARTIAL_WINDOW_S
     max_utterance_s: float = MAX_UTTERANCE_S
     partials: bool = True
+    catch_up_s: float = 1.0
 
     def __post_init__(self):
         if not 0 < self.partial_interval_s <= self.partial_window_s:
@@ -189,13 +192,14 @@ class LiveSession:
         start = self.item_start if self.item is not None else self.audio.start
         return ms(self.audio.end - start)
 
-    def feed(self, samples) -> list:
-        """Endpoint `samples` ([N] float32, 16 kHz, continuing the stream); at most one partial decode."""
+    def feed(self, samples, partial: bool = True) -> list:
+        """Endpoint `samples` ([N] float32, 16 kHz, continuing the stream); at most one partial decode, none
+        when not `partial` (a caller that has fallen behind catches up first)."""
         samples = _check_samples(samples)
         events = []
         for i in range(0, len(samples), PIECE):
             events += self._piece(samples[i:i + PIECE])
-        if self.item is not None and self.limits.partials and self.audio.end >= self.partial.due:
+        if partial and self.item is not None and self.limits.partials and self.audio.end >= self.partial.due:
             events += self._partial()
         return events
 

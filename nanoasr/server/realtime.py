@@ -5,8 +5,9 @@ settings; live_audio.py converts the audio).
 A connection holds one slot of the server's queue while it is open (so sessions and uploads together stay
 within --max-queue) and runs its decoding on the server's worker thread, in turn with the HTTP requests. Audio
 waits in the connection's backlog while the worker is busy; the backlog is fed to the session at once when the
-worker is free (so a session that falls behind gets fewer partials, not a queue of them), and past
-MAX_BACKLOG_S the connection stops reading the socket until the worker catches up (TCP holds the client back).
+worker is free (so a session that falls behind gets fewer partials, not a queue of them, and none while more
+than Limits.catch_up_s of audio waits), and past MAX_BACKLOG_S the connection stops reading the socket until
+the worker catches up (TCP holds the client back).
 """
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ class Connection:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         failure = next((t.exception() for t in done if t.exception() is not None), None)
-        if failure is not None:  # a fault of the server's: the client is told, and the socket closed
+        if failure is not None and not isinstance(failure, (WebSocketDisconnect, OSError)):
+            # a fault of the server's (not a client that left): the client is told, and the socket closed
             log.error("realtime session %s failed", self.session_id, exc_info=failure)
             await self._close_after(self.error(f"internal error: {type(failure).__name__}", None,
                                                "internal_error", None, "server_error"))
@@ -224,7 +226,8 @@ class Connection:
             kind, payload, event_id = await self._next()
             try:
                 if kind == "audio":
-                    events = await self._work(self.live.feed, payload)
+                    behind = len(payload) > self.limits.catch_up_s * SAMPLE_RATE
+                    events = await self._work(self.live.feed, payload, not behind)
                     self.backlog -= len(payload)
                     if self.backlog <= MAX_BACKLOG_S * SAMPLE_RATE:
                         self.caught_up.set()
