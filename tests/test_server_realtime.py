@@ -28,6 +28,7 @@ from pydantic import TypeAdapter  # noqa: E402
 from nanoasr.realtime import Limits  # noqa: E402
 from nanoasr.server import create_app  # noqa: E402
 from nanoasr.server.live_audio import G711, Converter  # noqa: E402
+from nanoasr.server import realtime as server_realtime  # noqa: E402
 from nanoasr.server.realtime import MAX_APPEND_BYTES, WS_MAX_BYTES  # noqa: E402
 from tests.test_realtime import utterances_clip  # noqa: E402
 
@@ -331,6 +332,15 @@ def test_partials_arrive_while_the_speaker_goes_on(app, base, tiny_model):
     assert done["transcript"] == expected.text
 
 
+async def slots_free(app):
+    """Waits (at most 5 s) until the server has handled the closes and every queue slot is free."""
+    for _ in range(100):
+        if app.state.service.queue.pending == 0:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{app.state.service.queue.pending} queue slots still held")
+
+
 def test_sessions_hold_queue_slots_and_give_them_back(tiny_model):
     app = create_app(tiny_model, max_queue=2)
 
@@ -342,13 +352,28 @@ def test_sessions_hold_queue_slots_and_give_them_back(tiny_model):
                 async with connect(base) as third:
                     await third.recv_bytes()
             assert refused.value.response.status_code == 503
-        for _ in range(100):  # the server notices the closes
-            if app.state.service.queue.pending == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert app.state.service.queue.pending == 0
+        await slots_free(app)
         async with connect(base) as again:
             return await receive(again)
 
     with running(app) as base:
         assert asyncio.run(run(base))["type"] == "session.created"
+
+
+def test_a_silent_client_is_closed_and_its_slot_returned(tiny_model, monkeypatch):
+    monkeypatch.setattr(server_realtime, "IDLE_TIMEOUT_S", 0.5)
+    app = create_app(tiny_model, max_queue=1)
+
+    async def run(base):
+        async with connect(base) as conn:
+            await receive(conn)
+            ended = await receive(conn)  # sent nothing: the idle limit passes
+            with pytest.raises(websockets.exceptions.ConnectionClosedOK):
+                await asyncio.wait_for(conn.recv_bytes(), RECV_TIMEOUT_S)
+        await slots_free(app)
+        async with connect(base) as again:  # the one slot is free again
+            return ended, await receive(again)
+
+    with running(app) as base:
+        ended, created = asyncio.run(run(base))
+    assert ended["error"]["code"] == "session_idle" and created["type"] == "session.created"

@@ -16,6 +16,7 @@ import base64
 import binascii
 import json
 import logging
+import time
 import uuid
 
 import numpy as np
@@ -34,6 +35,8 @@ MIB = 1024 * 1024
 MAX_APPEND_BYTES = 15 * MIB  # OpenAI's limit on one append's audio
 WS_MAX_BYTES = 24 * MIB  # one message: a 15 MiB append in base64 fits; a longer one closes the socket (1009)
 MAX_BACKLOG_S = 30.0  # audio received and not yet decoded, at most, before the socket is no longer read
+IDLE_TIMEOUT_S = 120.0  # a session with no client event for this long is closed: it holds a queue slot
+MAX_SESSION_S = 3600.0  # OpenAI's longest session, 60 minutes
 log = logging.getLogger(__name__)
 router = APIRouter()
 
@@ -128,17 +131,32 @@ class Connection:
             pass
 
     async def receive(self) -> None:
-        """Client events until the client goes; reading pauses while the backlog is full."""
+        """Client events until the client goes, falls silent or reaches the session's time limit; reading
+        pauses while the backlog is full."""
+        opened = time.monotonic()
         while True:
             await self.caught_up.wait()
-            message = await self.ws.receive()
+            try:
+                message = await asyncio.wait_for(self.ws.receive(), IDLE_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                await self._end(f"no event for {IDLE_TIMEOUT_S:g} s: the session is closed", "session_idle")
+                return
             if message["type"] == "websocket.disconnect":
+                return
+            if time.monotonic() - opened > MAX_SESSION_S:
+                await self._end(f"the session reached its limit of {MAX_SESSION_S / 60:g} minutes",
+                                "session_expired")
                 return
             if message.get("text") is None:
                 await self.error("binary frames are not part of the protocol: send JSON text events", None,
                                  "invalid_message", None)
                 continue
             await self.handle(message["text"])
+
+    async def _end(self, message: str, code: str) -> None:
+        """The server ends the session: an error event, then a normal close."""
+        await self.error(message, None, code, None)
+        await self.ws.close(code=1000)
 
     async def handle(self, text: str) -> None:
         try:
