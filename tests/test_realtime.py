@@ -114,8 +114,6 @@ def test_manual_commits_transcribe_the_audio_held(tiny_model):
 class Scripted:
     """A Model stand-in: the hypothesis for `n` samples of audio is script(n), token ids; t reads "wt"."""
 
-    languages = ("en",)
-
     def __init__(self, script):
         self.script, self.calls = script, []
         self.tokenizer = self
@@ -192,3 +190,17 @@ def test_bad_samples_are_refused():
         session.feed(np.zeros(10, np.int16))
     with pytest.raises(AudioError, match="finite"):
         session.feed(np.full(10, np.nan, np.float32))
+
+
+def test_a_session_started_mid_stream_keeps_the_stream_clock():
+    clip, truth = utterances_clip(seeds=(1,))
+    offset = 5 * SR + 37  # any sample, not a whole frame
+    model = Scripted(lambda n: (1,))
+    session = LiveSession(model, Options(), TurnDetection(silence_duration_ms=500), Limits(partials=False),
+                          start=offset)
+    events = feed(session, clip, 1600)
+    (started,), (committed,) = of(events, SpeechStarted), of(events, Committed)
+    alone = feed(live(Scripted(lambda n: (1,)), partials=False), clip, 1600)
+    assert started.audio_start_ms - of(alone, SpeechStarted)[0].audio_start_ms == offset * 1000 // SR
+    assert abs(committed.audio_end_ms - (offset + truth[0][1]) * 1000 // SR) <= 400
+    assert model.calls == [(committed.audio_end_ms - committed.audio_start_ms) * 16]
