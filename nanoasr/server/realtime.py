@@ -45,6 +45,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:22]}"
 
 
+def client_event_id(event) -> str | None:
+    """The client's own id of an event, named back in errors about it (a string, or none)."""
+    event_id = event.get("event_id") if isinstance(event, dict) else None
+    return event_id if isinstance(event_id, str) else None
+
+
 @router.websocket(REALTIME)
 async def realtime(websocket: WebSocket):
     service = websocket.app.state.service
@@ -164,7 +170,7 @@ class Connection:
         except ValueError as exc:
             await self.error(f"the event is not valid JSON: {exc}", None, "invalid_json", None)
             return
-        event_id = event.get("event_id") if isinstance(event, dict) else None
+        event_id = client_event_id(event)
         try:
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                 raise ClientError("an event must be a JSON object with a string `type`", "type",
@@ -175,8 +181,7 @@ class Connection:
                                   f"accepted: {', '.join(HANDLERS)}", "type", "invalid_event")
             await handler(self, event)
         except ClientError as exc:
-            await self.error(exc.message, exc.param, exc.code,
-                             event_id if isinstance(event_id, str) else None)
+            await self.error(exc.message, exc.param, exc.code, event_id)
 
     async def send(self, event: dict) -> None:
         await self.ws.send_text(json.dumps({"event_id": new_id("event"), **event}, ensure_ascii=False))
@@ -223,11 +228,11 @@ class Connection:
 
     async def commit(self, event: dict) -> None:
         await self._queue_audio(self.converter.flush())  # the committed buffer holds every sample sent
-        await self.ops.put(("commit", None, event.get("event_id")))
+        await self.ops.put(("commit", None, client_event_id(event)))
 
     async def clear(self, event: dict) -> None:
         self.converter.flush()
-        await self.ops.put(("clear", None, event.get("event_id")))
+        await self.ops.put(("clear", None, client_event_id(event)))
 
     async def _queue_audio(self, samples) -> None:
         if len(samples):
