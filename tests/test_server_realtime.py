@@ -363,11 +363,17 @@ def test_sessions_hold_queue_slots_and_give_them_back(tiny_model):
 def test_a_silent_client_is_closed_and_its_slot_returned(tiny_model, monkeypatch):
     monkeypatch.setattr(server_realtime, "IDLE_TIMEOUT_S", 0.5)
     app = create_app(tiny_model, max_queue=1)
+    clip, _ = utterances_clip(seeds=(2,), gap_s=0.2)
 
     async def run(base):
         async with connect(base) as conn:
             await receive(conn)
-            ended = await receive(conn)  # sent nothing: the idle limit passes
+            await conn.session.update(session=ga_session(None))
+            await append(conn, pcm16(soxr.resample(clip, 16000, 24000, "HQ")))
+            await conn.input_audio_buffer.commit()  # its final takes longer than the idle limit: not idle
+            events = await until(conn, "conversation.item.done")
+            assert of(events, "error") == []
+            ended = await receive(conn)  # then nothing is sent: the idle limit passes
             with pytest.raises(websockets.exceptions.ConnectionClosedOK):
                 await asyncio.wait_for(conn.recv_bytes(), RECV_TIMEOUT_S)
         await slots_free(app)

@@ -79,9 +79,14 @@ async def speak(url: str, headers: dict, clip: bytes, truth, silence_ms: int, se
 
 
 async def _read(ws, arrivals: list, start: float, expected: int) -> None:
+    import websockets
+
     completed = 0
     while completed < expected:
-        event = json.loads(await ws.recv())
+        try:
+            event = json.loads(await ws.recv())
+        except websockets.exceptions.ConnectionClosed:  # the server ended the session: what came is kept
+            return
         arrivals.append((time.monotonic() - start, event))
         completed += event["type"] == "conversation.item.input_audio_transcription.completed"
 

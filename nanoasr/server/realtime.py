@@ -114,6 +114,7 @@ class Connection:
         self.item_ids: dict[tuple[int, int], str] = {}
         self.last_item_id: str | None = None
         self.previous_of: dict[str, str | None] = {}  # item id -> the item committed before it
+        self.working = False  # the pump has work in hand or queued
 
     async def run(self) -> None:
         await self.send({"type": "session.created", "session": self.config.ga(self.session_id)})
@@ -145,6 +146,8 @@ class Connection:
             try:
                 message = await asyncio.wait_for(self.ws.receive(), IDLE_TIMEOUT_S)
             except asyncio.TimeoutError:
+                if self.working:  # the client waits for its transcripts: not idle
+                    continue
                 await self._end(f"no event for {IDLE_TIMEOUT_S:g} s: the session is closed", "session_idle")
                 return
             if message["type"] == "websocket.disconnect":
@@ -246,7 +249,9 @@ class Connection:
     async def pump(self) -> None:
         """Runs the queued work in order, each step on the worker; audio waiting together is fed at once."""
         while True:
+            self.working = self.held is not None or not self.ops.empty()
             kind, payload, event_id = await self._next()
+            self.working = True
             try:
                 if kind == "audio":
                     behind = len(payload) > self.limits.catch_up_s * SAMPLE_RATE
