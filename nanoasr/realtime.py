@@ -187,6 +187,11 @@ class LiveSession:
         self.partial = _Partials(0, 0)
 
     @property
+    def stream_ms(self) -> int:
+        """The stream's length so far (the clock of every event's times)."""
+        return ms(self.audio.end)
+
+    @property
     def buffered_ms(self) -> int:
         """Audio a commit would take now."""
         start = self.item_start if self.item is not None else self.audio.start

@@ -1,5 +1,5 @@
 """OpenAI-compatible transcription server: POST /v1/audio/transcriptions, GET /v1/models, GET /health, and
-the realtime WebSocket /v1/realtime?intent=transcription.
+the realtime WebSockets /v1/realtime?intent=transcription (OpenAI's) and /funasr/realtime (FunASR's).
 
 One model in memory; requests run one at a time, in arrival order, on a single worker thread. A request
 takes its queue slot before its upload is read, so uploads in progress and jobs together never exceed the
@@ -18,6 +18,7 @@ this package imports them only when the app is made (`nanoasr serve` is nanoasr.
     realtime.py    the realtime WebSocket: OpenAI's transcription events over a nanoasr.realtime.LiveSession
     live_config.py its session settings (GA and beta shapes)
     live_audio.py  its input formats -> 16 kHz
+    funasr_realtime.py  FunASR's realtime protocol on the same sessions
 """
 
 

@@ -53,8 +53,14 @@ def client_event_id(event) -> str | None:
 
 @router.websocket(REALTIME)
 async def realtime(websocket: WebSocket):
+    await open_session(websocket, Connection, intent="transcription")
+
+
+async def open_session(websocket: WebSocket, connection, intent: str | None = None) -> None:
+    """Checks the handshake, holds a queue slot, and runs `connection(websocket, service, limits)` to its
+    end."""
     service = websocket.app.state.service
-    refusal = _refusal(websocket, service.api_key)
+    refusal = _refusal(websocket, service.api_key, intent)
     if refusal is None:
         try:
             service.queue.admit()
@@ -66,21 +72,21 @@ async def realtime(websocket: WebSocket):
     try:
         offered = websocket.scope.get("subprotocols", [])
         await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
-        await Connection(websocket, service, getattr(websocket.app.state, "live_limits", Limits())).run()
+        await connection(websocket, service, getattr(websocket.app.state, "live_limits", Limits())).run()
     finally:
         service.queue.leave()
 
 
-def _refusal(websocket: WebSocket, api_key: str | None) -> ApiError | None:
+def _refusal(websocket: WebSocket, api_key: str | None, intent: str | None) -> ApiError | None:
     """Why the handshake is refused (a key the HTTP routes would refuse, another intent), or None."""
     if api_key is not None:
         offered = websocket.scope.get("subprotocols", [])
         if (websocket.headers.get("authorization", "") != f"Bearer {api_key}"
                 and f"openai-insecure-api-key.{api_key}" not in offered):
             return ApiError(401, "Incorrect or missing API key", code="invalid_api_key")
-    if websocket.query_params.get("intent") != "transcription":
-        return ApiError(400, "this server runs transcription sessions only: connect to "
-                             f"{REALTIME}?intent=transcription", param="intent", code="invalid_intent")
+    if intent is not None and websocket.query_params.get("intent") != intent:
+        return ApiError(400, f"this server runs {intent} sessions only: connect to "
+                             f"{websocket.url.path}?intent={intent}", param="intent", code="invalid_intent")
     return None
 
 
@@ -116,8 +122,11 @@ class Connection:
         self.previous_of: dict[str, str | None] = {}  # item id -> the item committed before it
         self.working = False  # the pump has work in hand or queued
 
-    async def run(self) -> None:
+    async def greet(self) -> None:
         await self.send({"type": "session.created", "session": self.config.ga(self.session_id)})
+
+    async def run(self) -> None:
+        await self.greet()
         tasks = [asyncio.create_task(self.receive()), asyncio.create_task(self.pump())]
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
@@ -157,10 +166,13 @@ class Connection:
                                 "session_expired")
                 return
             if message.get("text") is None:
-                await self.error("binary frames are not part of the protocol: send JSON text events", None,
-                                 "invalid_message", None)
+                await self.on_binary(message.get("bytes") or b"")
                 continue
             await self.handle(message["text"])
+
+    async def on_binary(self, data: bytes) -> None:
+        await self.error("binary frames are not part of the protocol: send JSON text events", None,
+                         "invalid_message", None)
 
     async def _end(self, message: str, code: str) -> None:
         """The server ends the session: an error event, then a normal close."""
@@ -253,26 +265,41 @@ class Connection:
             kind, payload, event_id = await self._next()
             self.working = True
             try:
-                if kind == "audio":
-                    behind = len(payload) > self.limits.catch_up_s * SAMPLE_RATE
-                    events = await self._work(self.live.feed, payload, not behind)
-                    self.backlog -= len(payload)
-                    if self.backlog <= MAX_BACKLOG_S * SAMPLE_RATE:
-                        self.caught_up.set()
-                elif kind == "commit":
-                    events = await self._work(self.live.commit)
-                elif kind == "clear":
-                    events = await self._work(self.live.clear) or []
-                    await self.send({"type": "input_audio_buffer.cleared"})
-                else:
-                    events = await self._replace(*payload)
+                events = await self._step(kind, payload)
             except AudioError as exc:  # a commit of too little audio
-                await self.error(f"Error committing input audio buffer: {exc}", None,
-                                 "input_audio_buffer_commit_empty", event_id)
+                await self.refused_commit(exc, event_id)
                 continue
-            for event in events:
-                for message in self.translate(event):
-                    await self.send(message)
+            await self.deliver(events, kind)
+
+    async def _step(self, kind: str, payload) -> list:
+        """One op on the session: its events."""
+        if kind == "audio":
+            behind = len(payload) > self.limits.catch_up_s * SAMPLE_RATE
+            events = await self._work(self.live.feed, payload, not behind)
+            self.backlog -= len(payload)
+            if self.backlog <= MAX_BACKLOG_S * SAMPLE_RATE:
+                self.caught_up.set()
+            return events
+        if kind == "commit":
+            return await self._work(self.live.commit)
+        if kind == "finish":
+            return await self._work(self.live.finish)
+        if kind == "clear":
+            await self._work(self.live.clear)
+            return []
+        return await self._replace(*payload)
+
+    async def refused_commit(self, exc: AudioError, event_id) -> None:
+        await self.error(f"Error committing input audio buffer: {exc}", None,
+                         "input_audio_buffer_commit_empty", event_id)
+
+    async def deliver(self, events: list, kind: str) -> None:
+        """The session's events after an op of `kind`, as this protocol's messages."""
+        if kind == "clear":
+            await self.send({"type": "input_audio_buffer.cleared"})
+        for event in events:
+            for message in self.translate(event):
+                await self.send(message)
 
     async def _next(self):
         op = self.held or await self.ops.get()
@@ -291,19 +318,23 @@ class Connection:
     def _work(self, call, *args):
         return asyncio.get_running_loop().run_in_executor(self.service.queue.worker, call, *args)
 
-    async def _replace(self, config: SessionConfig, options, beta: bool) -> list:
+    async def _replace(self, config: SessionConfig, options, beta: bool, start: int | None = None) -> list:
         """A session update: new options or turn detection start a new LiveSession at the stream's present
-        sample (audio held and not committed is dropped); the format alone changes only the converter."""
-        if (options, config.turn_detection) != (self.options, self.live.turn_detection):
-            self.live = LiveSession(self.service.model, options, config.turn_detection, self.limits,
-                                    self.live.audio.end)
+        sample (audio held and not committed is dropped; `start`: at that sample instead, even with the same
+        settings); the format alone changes only the converter."""
+        if start is not None or (options, config.turn_detection) != (self.options, self.live.turn_detection):
+            at = self.live.audio.end if start is None else start
+            self.live = LiveSession(self.service.model, options, config.turn_detection, self.limits, at)
             self.options, self.generation = options, self.generation + 1
+        await self.confirm_update(config, beta)
+        return []
+
+    async def confirm_update(self, config: SessionConfig, beta: bool) -> None:
         if beta:
             await self.send({"type": "transcription_session.updated",
                              "session": config.beta(self.session_id)})
         else:
             await self.send({"type": "session.updated", "session": config.ga(self.session_id)})
-        return []
 
     # --- server events -------------------------------------------------------------------------------------
 
