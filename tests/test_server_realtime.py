@@ -30,6 +30,7 @@ from nanoasr.server import create_app  # noqa: E402
 from nanoasr.server.live_audio import G711, Converter  # noqa: E402
 from nanoasr.server import realtime as server_realtime  # noqa: E402
 from nanoasr.server.realtime import MAX_APPEND_BYTES, WS_MAX_BYTES  # noqa: E402
+from tests.serverutil import serving  # noqa: E402
 from tests.test_realtime import utterances_clip  # noqa: E402
 
 KEY = "sk-local-test"
@@ -383,3 +384,19 @@ def test_a_silent_client_is_closed_and_its_slot_returned(tiny_model, monkeypatch
     with running(app) as base:
         ended, created = asyncio.run(run(base))
     assert ended["error"]["code"] == "session_idle" and created["type"] == "session.created"
+
+
+def test_nanoasr_serve_takes_a_full_size_append(tiny_dir, tmp_path):
+    """`nanoasr serve` reads messages up to WS_MAX_BYTES (uvicorn's own limit is 16 MiB), so an append just
+    over 15 MiB, 20 MiB in base64, is answered with OpenAI's error rather than a closed socket."""
+    big = base64.b64encode(bytes(MAX_APPEND_BYTES + 2)).decode()
+
+    async def run(base):
+        async with connect(base) as conn:
+            await receive(conn)
+            await conn.send({"type": "input_audio_buffer.append", "audio": big, "event_id": "evt_big"})
+            return await receive(conn)
+
+    with serving(["--model", str(tiny_dir), "--api-key", KEY], tmp_path / "serve.log") as (_, base):
+        refused = asyncio.run(run(base))
+    assert refused["error"]["code"] == "audio_too_large" and refused["error"]["event_id"] == "evt_big"
