@@ -400,3 +400,33 @@ def test_nanoasr_serve_takes_a_full_size_append(tiny_dir, tmp_path):
     with serving(["--model", str(tiny_dir), "--api-key", KEY], tmp_path / "serve.log") as (_, base):
         refused = asyncio.run(run(base))
     assert refused["error"]["code"] == "audio_too_large" and refused["error"]["event_id"] == "evt_big"
+
+
+def test_twenty_sessions_at_once(tiny_model):
+    """Twenty clients commit a quarter second of room noise each at the same time: every one gets its own
+    item and the final Model.transcribe gives that audio (no speech: empty), and every slot is given back."""
+    app = create_app(tiny_model, max_queue=20)
+    rng = np.random.default_rng(11)
+    noises = [pcm16(rng.standard_normal(6000).astype(np.float32) * 1e-4) for _ in range(20)]
+
+    async def one(base, noise):
+        async with connect(base) as conn:
+            await receive(conn)
+            await conn.session.update(session=ga_session(None))
+            await receive(conn)
+            await append(conn, noise)
+            await conn.input_audio_buffer.commit()
+            return await until(conn, "conversation.item.done", limit=10)
+
+    async def run(base):
+        sessions = await asyncio.gather(*(one(base, noise) for noise in noises))
+        await slots_free(app)
+        return sessions
+
+    with running(app) as base:
+        sessions = asyncio.run(run(base))
+    finals = [of(events, "conversation.item.input_audio_transcription.completed")[0] for events in sessions]
+    assert len({f["item_id"] for f in finals}) == 20
+    for noise, final in zip(noises, finals):
+        expected = tiny_model.transcribe(at_16k(noise), sample_rate=16000, language="en")
+        assert final["transcript"] == expected.text
