@@ -26,12 +26,12 @@ def run_cli(args, stdin: bytes):
                           capture_output=True, timeout=600)
 
 
-def test_raw_pcm_from_a_pipe_as_json_lines(tiny_dir, tiny_model):
+def test_raw_pcm_from_a_pipe_as_json_lines(tiny_dir, fast_model):
     clip, _ = utterances_clip()
     at_24k = soxr.resample(clip, 16000, 24000, "HQ")
     raw = (np.clip(at_24k, -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
-    done = run_cli(["-", "--format", "s16le", "--rate", "24000", "--model", str(tiny_dir), "--json",
-                    "--silence-ms", "500", "--no-partials"], raw)
+    done = run_cli(["-", "--format", "s16le", "--rate", "24000", "--model", str(tiny_dir), "--threads", "1",
+                    "--json", "--silence-ms", "500", "--no-partials"], raw)
     assert done.returncode == 0, done.stderr.decode()
     events = [json.loads(line) for line in done.stdout.decode().splitlines()]
     wave = soxr.resample(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, 24000, 16000, "HQ")
@@ -39,15 +39,16 @@ def test_raw_pcm_from_a_pipe_as_json_lines(tiny_dir, tiny_model):
     assert len(finals) == 3 and [e["type"] for e in events[:2]] == ["speech_started", "speech_stopped"]
     for final in finals:
         audio = wave[round(final["start"] * 1000) * 16:round(final["end"] * 1000) * 16]
-        assert final["text"] == tiny_model.transcribe(audio, sample_rate=16000).text
+        assert final["text"] == fast_model.transcribe(audio, sample_rate=16000).text
 
 
-def test_a_wav_file_into_a_pipe_prints_finals_only(tiny_dir, tiny_model, tmp_path, capsys):
+def test_a_wav_file_into_a_pipe_prints_finals_only(tiny_dir, fast_model, tmp_path, capsys):
     clip, _ = utterances_clip(seeds=(8,), gap_s=0.3)
     path = tmp_path / "one.wav"
     sf.write(path, clip, 16000, subtype="FLOAT")
-    assert main(["stream", str(path), "--model", str(tiny_dir), "--manual", "--no-partials"]) == 0
-    assert capsys.readouterr().out == tiny_model.transcribe(clip, sample_rate=16000).text + "\n"
+    assert main(["stream", str(path), "--model", str(tiny_dir), "--threads", "1", "--manual",
+                 "--no-partials"]) == 0
+    assert capsys.readouterr().out == fast_model.transcribe(clip, sample_rate=16000).text + "\n"
 
 
 class Terminal(io.StringIO):

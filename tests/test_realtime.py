@@ -73,15 +73,15 @@ def test_vad_refuses_a_threshold_out_of_range():
         TurnDetection(silence_duration_ms=-1)
 
 
-def test_server_vad_finals_are_model_transcribe_of_each_utterance(tiny_model):
+def test_server_vad_finals_are_model_transcribe_of_each_utterance(fast_model):
     clip, truth = utterances_clip()
-    events = feed(LiveSession(tiny_model, FAST, TurnDetection(silence_duration_ms=500)), clip, 4800)
+    events = feed(LiveSession(fast_model, FAST, TurnDetection(silence_duration_ms=500)), clip, 4800)
     committed, completed = of(events, Committed), of(events, Completed)
     assert [e.item for e in of(events, SpeechStarted)] == [0, 1, 2] == [e.item for e in completed]
     assert [e.audio_end_ms for e in of(events, SpeechStopped)] == [e.audio_end_ms for e in committed]
     for (start, end), c, done in zip(truth, committed, completed):
         assert c.audio_start_ms * 16 <= start and abs(c.audio_end_ms * 16 - end) < 0.4 * SR
-        reference = tiny_model.transcribe(clip[c.audio_start_ms * 16:c.audio_end_ms * 16], sample_rate=SR,
+        reference = fast_model.transcribe(clip[c.audio_start_ms * 16:c.audio_end_ms * 16], sample_rate=SR,
                                           max_new_tokens=6)
         assert done.token_ids == reference.segments[0].token_ids and done.transcript == reference.text
         assert done.seconds == pytest.approx((c.audio_end_ms - c.audio_start_ms) / 1000)
@@ -89,9 +89,9 @@ def test_server_vad_finals_are_model_transcribe_of_each_utterance(tiny_model):
         assert all(events.index(d) < events.index(done) for d in of(events, Delta) if d.item == item)
 
 
-def test_manual_commits_transcribe_the_audio_held(tiny_model):
+def test_manual_commits_transcribe_the_audio_held(fast_model):
     clip, truth = utterances_clip(seeds=(4, 5), gap_s=0.5)
-    session = LiveSession(tiny_model, FAST, turn_detection=None)
+    session = LiveSession(fast_model, FAST, turn_detection=None)
     with pytest.raises(AudioError, match="buffer too small. Expected at least 100ms of audio, but buffer "
                                          "only has 0.00ms"):
         session.commit()
@@ -101,7 +101,7 @@ def test_manual_commits_transcribe_the_audio_held(tiny_model):
     assert of(first + second, SpeechStarted) == [] and of(first + second, SpeechStopped) == []
     for events, (a, b) in zip((first, second), ((0, cut), (cut, len(clip)))):
         (done,) = of(events, Completed)
-        reference = tiny_model.transcribe(clip[a:b], sample_rate=SR, max_new_tokens=6)
+        reference = fast_model.transcribe(clip[a:b], sample_rate=SR, max_new_tokens=6)
         assert done.token_ids == reference.segments[0].token_ids
         assert "".join(d.text for d in of(events, Delta)) == done.transcript  # the final as its one delta
     session.feed(clip[:800])  # 50 ms

@@ -18,8 +18,8 @@ RESULT_KEYS = {"sentences", "partial", "partial_start_ms", "duration_ms", "is_fi
 
 
 @pytest.fixture(scope="module")
-def url(tiny_model):
-    app = create_app(tiny_model)
+def url(fast_model):
+    app = create_app(fast_model)
     app.state.live_limits = Limits(partials=False)  # the tiny model's partials are noise; sentences are exact
     with running(app) as base:
         yield base.replace("http", "ws") + "/funasr/realtime"
@@ -38,7 +38,7 @@ async def until_stopped(ws, limit=200) -> list[dict]:
     raise AssertionError("no 'stopped' event")
 
 
-def test_a_session_of_three_utterances(url, tiny_model):
+def test_a_session_of_three_utterances(url, fast_model):
     clip, _ = utterances_clip(gap_s=2.5)  # FunASR's schedule: a short utterance ends after 2 s of silence
     pcm = (np.clip(clip, -1, 32767 / 32768) * 32768).astype("<i2")
     wave = pcm.astype(np.float32) / 32768.0
@@ -65,10 +65,10 @@ def test_a_session_of_three_utterances(url, tiny_model):
     assert len(sentences) == 3 and results[-1]["duration_ms"] == len(pcm) * 1000 // 16000
     for sentence in sentences:
         audio = wave[sentence["start"] * 16:sentence["end"] * 16]
-        assert sentence["text"] == tiny_model.transcribe(audio, sample_rate=16000, language="en").text
+        assert sentence["text"] == fast_model.transcribe(audio, sample_rate=16000, language="en").text
 
 
-def test_commands_out_of_place_get_errors_and_commit_ends_an_utterance(url, tiny_model):
+def test_commands_out_of_place_get_errors_and_commit_ends_an_utterance(url, fast_model):
     clip, _ = utterances_clip(seeds=(5,), gap_s=0.2)
     pcm = (np.clip(clip, -1, 32767 / 32768) * 32768).astype("<i2")
 
@@ -98,5 +98,5 @@ def test_commands_out_of_place_get_errors_and_commit_ends_an_utterance(url, tiny
     assert committed["is_final"] is True and len(committed["sentences"]) == 1
     (sentence,) = committed["sentences"]
     audio = pcm[sentence["start"] * 16:sentence["end"] * 16].astype(np.float32) / 32768
-    expected = tiny_model.transcribe(audio, sample_rate=16000, hotwords=["nanoasr", "numba"])
+    expected = fast_model.transcribe(audio, sample_rate=16000, hotwords=["nanoasr", "numba"])
     assert sentence["text"] == expected.text

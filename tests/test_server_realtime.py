@@ -58,8 +58,8 @@ def running(app):
 
 
 @pytest.fixture(scope="module")
-def app(tiny_model):
-    return create_app(tiny_model, api_key=KEY)
+def app(fast_model):
+    return create_app(fast_model, api_key=KEY)
 
 
 @pytest.fixture(scope="module")
@@ -125,17 +125,17 @@ def of(events, kind):
     return [e for e in events if e["type"] == kind]
 
 
-def check_finals(events, tiny_model, audio_of):
+def check_finals(events, fast_model, audio_of):
     """Each completed transcript is Model.transcribe of its item's audio; its deltas spell a prefix of it."""
     for done in of(events, "conversation.item.input_audio_transcription.completed"):
-        expected = tiny_model.transcribe(audio_of(done["item_id"]), sample_rate=16000, language="en")
+        expected = fast_model.transcribe(audio_of(done["item_id"]), sample_rate=16000, language="en")
         assert done["transcript"] == expected.text and done["content_index"] == 0
         deltas = "".join(e["delta"] for e in of(events, "conversation.item.input_audio_transcription.delta")
                          if e["item_id"] == done["item_id"])
         assert expected.text.startswith(deltas) and done["usage"]["type"] == "duration"
 
 
-def test_server_vad_three_utterances(app, base, tiny_model):
+def test_server_vad_three_utterances(app, base, fast_model):
     app.state.live_limits = Limits(partials=False)  # the tiny model's partials are noise; finals are exact
     data = clip_24k()
     wave = at_16k(data)
@@ -157,10 +157,10 @@ def test_server_vad_three_utterances(app, base, tiny_model):
     assert list(started) == list(stopped) == [e["item_id"] for e in committed]
     assert [e["previous_item_id"] for e in committed] == [None] + [e["item_id"] for e in committed[:-1]]
     assert [e["item"]["id"] for e in of(events, "conversation.item.added")] == list(started)
-    check_finals(events, tiny_model, lambda item: wave[started[item] * 16:stopped[item] * 16])
+    check_finals(events, fast_model, lambda item: wave[started[item] * 16:stopped[item] * 16])
 
 
-def test_manual_commits_and_an_empty_commit(app, base, tiny_model):
+def test_manual_commits_and_an_empty_commit(app, base, fast_model):
     app.state.live_limits = Limits()
     data = clip_24k()
     cut = len(data) // 2 // 2 * 2
@@ -187,7 +187,7 @@ def test_manual_commits_and_an_empty_commit(app, base, tiny_model):
     assert of(events, "input_audio_buffer.speech_started") == []
     items = [e["item_id"] for e in of(events, "input_audio_buffer.committed")]
     audio = dict(zip(items, (at_16k(data[:cut]), at_16k(data[cut:]))))
-    check_finals(events, tiny_model, audio.__getitem__)
+    check_finals(events, fast_model, audio.__getitem__)
     assert len(of(events, "conversation.item.input_audio_transcription.completed")) == 2
 
 
@@ -215,7 +215,7 @@ def test_converter_is_chunk_independent_and_keeps_an_odd_byte():
     assert np.array_equal(once, at_16k(data))
 
 
-def test_beta_session_with_mu_law(app, base, tiny_model):
+def test_beta_session_with_mu_law(app, base, fast_model):
     app.state.live_limits = Limits()
     audioop = g711_reference()
     clip, _ = utterances_clip(seeds=(6,))
@@ -240,7 +240,7 @@ def test_beta_session_with_mu_law(app, base, tiny_model):
     assert updated["session"]["input_audio_format"] == "g711_ulaw"
     assert updated["session"]["turn_detection"] is None
     assert [e["type"] for e in events][:2] == ["input_audio_buffer.committed", "conversation.item.created"]
-    check_finals(events, tiny_model, lambda item: expected)
+    check_finals(events, fast_model, lambda item: expected)
 
 
 def test_hostile_events_get_openai_errors_and_the_session_goes_on(base):
@@ -304,7 +304,7 @@ def test_refused_handshakes(base, key, query, status):
     assert body["error"]["type"] == "invalid_request_error"
 
 
-def test_partials_arrive_while_the_speaker_goes_on(app, base, tiny_model):
+def test_partials_arrive_while_the_speaker_goes_on(app, base, fast_model):
     app.state.live_limits = Limits(catch_up_s=30.0)  # partials even when the loaded test machine lags
     clip, _ = utterances_clip(seeds=(9,))
     speech = clip[:int(2.2 * 16000)]  # quiet, 1 s of speech, then quiet up to the commit
@@ -328,7 +328,7 @@ def test_partials_arrive_while_the_speaker_goes_on(app, base, tiny_model):
     assert first_delta < kinds.index("input_audio_buffer.committed")
     (started,) = of(events, "input_audio_buffer.speech_started")
     (done,) = of(events, "conversation.item.input_audio_transcription.completed")
-    expected = tiny_model.transcribe(at_16k(data)[started["audio_start_ms"] * 16:], sample_rate=16000,
+    expected = fast_model.transcribe(at_16k(data)[started["audio_start_ms"] * 16:], sample_rate=16000,
                                      language="en")
     assert done["transcript"] == expected.text
 
@@ -342,8 +342,8 @@ async def slots_free(app):
     raise AssertionError(f"{app.state.service.queue.pending} queue slots still held")
 
 
-def test_sessions_hold_queue_slots_and_give_them_back(tiny_model):
-    app = create_app(tiny_model, max_queue=2)
+def test_sessions_hold_queue_slots_and_give_them_back(fast_model):
+    app = create_app(fast_model, max_queue=2)
 
     async def run(base):
         async with connect(base) as first, connect(base) as second:
@@ -361,9 +361,9 @@ def test_sessions_hold_queue_slots_and_give_them_back(tiny_model):
         assert asyncio.run(run(base))["type"] == "session.created"
 
 
-def test_a_silent_client_is_closed_and_its_slot_returned(tiny_model, monkeypatch):
+def test_a_silent_client_is_closed_and_its_slot_returned(fast_model, monkeypatch):
     monkeypatch.setattr(server_realtime, "IDLE_TIMEOUT_S", 0.5)
-    app = create_app(tiny_model, max_queue=1)
+    app = create_app(fast_model, max_queue=1)
     clip, _ = utterances_clip(seeds=(2,), gap_s=0.2)
 
     async def run(base):
@@ -402,10 +402,10 @@ def test_nanoasr_serve_takes_a_full_size_append(tiny_dir, tmp_path):
     assert refused["error"]["code"] == "audio_too_large" and refused["error"]["event_id"] == "evt_big"
 
 
-def test_twenty_sessions_at_once(tiny_model):
+def test_twenty_sessions_at_once(fast_model):
     """Twenty clients commit a quarter second of room noise each at the same time: every one gets its own
     item and the final Model.transcribe gives that audio (no speech: empty), and every slot is given back."""
-    app = create_app(tiny_model, max_queue=20)
+    app = create_app(fast_model, max_queue=20)
     rng = np.random.default_rng(11)
     noises = [pcm16(rng.standard_normal(6000).astype(np.float32) * 1e-4) for _ in range(20)]
 
@@ -428,5 +428,5 @@ def test_twenty_sessions_at_once(tiny_model):
     finals = [of(events, "conversation.item.input_audio_transcription.completed")[0] for events in sessions]
     assert len({f["item_id"] for f in finals}) == 20
     for noise, final in zip(noises, finals):
-        expected = tiny_model.transcribe(at_16k(noise), sample_rate=16000, language="en")
+        expected = fast_model.transcribe(at_16k(noise), sample_rate=16000, language="en")
         assert final["transcript"] == expected.text
