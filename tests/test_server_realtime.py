@@ -333,9 +333,9 @@ def test_partials_arrive_while_the_speaker_goes_on(app, base, fast_model):
     assert done["transcript"] == expected.text
 
 
-async def slots_free(app):
-    """Waits (at most 5 s) until the server has handled the closes and every queue slot is free."""
-    for _ in range(100):
+async def slots_free(app, seconds: float = 5.0):
+    """Waits (at most `seconds`) until the server has handled the closes and every queue slot is free."""
+    for _ in range(int(seconds / 0.05)):
         if app.state.service.queue.pending == 0:
             return
         await asyncio.sleep(0.05)
@@ -430,3 +430,29 @@ def test_twenty_sessions_at_once(fast_model):
     for noise, final in zip(noises, finals):
         expected = fast_model.transcribe(at_16k(noise), sample_rate=16000, language="en")
         assert final["transcript"] == expected.text
+
+
+def test_a_client_that_stops_reading_is_given_up(fast_model):
+    """A client floods the server with events that each get an error reply and never reads: once the
+    socket's buffers are full the server's sends wait, the client answers no keepalive ping either, and the
+    server's WebSocket keepalive (uvicorn's default: a ping every 20 s, 20 s to answer) ends the session and
+    frees its slot; another session is then served."""
+    app = create_app(fast_model, max_queue=1)
+    junk = json.dumps({"type": "x" * 60, "event_id": "e" * 300})
+
+    async def flood(url):
+        async with websockets.connect(url, max_queue=1) as ws:
+            for _ in range(200_000):  # bounded; the server gives up long before
+                try:
+                    await asyncio.wait_for(ws.send(junk), 2.0)
+                except (asyncio.TimeoutError, websockets.exceptions.ConnectionClosed):
+                    break
+            await slots_free(app, seconds=60)
+
+    async def run(base):
+        await flood(base.replace("http", "ws") + "/v1/realtime?intent=transcription")
+        async with connect(base) as other:
+            return await receive(other)
+
+    with running(app) as base:
+        assert asyncio.run(run(base))["type"] == "session.created"

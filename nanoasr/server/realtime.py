@@ -192,7 +192,7 @@ class Connection:
                                   "invalid_event")
             handler = HANDLERS.get(event["type"])
             if handler is None:
-                raise ClientError(f"unknown event type {event['type']!r} for a transcription session; "
+                raise ClientError(f"unknown event type {event['type'][:64]!r} for a transcription session; "
                                   f"accepted: {', '.join(HANDLERS)}", "type", "invalid_event")
             await handler(self, event)
         except ClientError as exc:
