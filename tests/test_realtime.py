@@ -8,8 +8,8 @@ import pytest
 
 from nanoasr.api import Options
 from nanoasr.audio.vad import HOP, StreamingVad, silence_limit_ms
-from nanoasr.errors import AudioError, OptionError
-from nanoasr.realtime import (MAX_UTTERANCE_S, Committed, Completed, Delta, Limits, LiveSession,
+from nanoasr.errors import AudioError, ModelError, OptionError
+from nanoasr.realtime import (MAX_UTTERANCE_S, Committed, Completed, Delta, Failed, Limits, LiveSession,
                               SpeechStarted, SpeechStopped, TurnDetection)
 from nanoasr.transcript import Segment, Transcript
 from tools.synth import speech_like
@@ -204,3 +204,16 @@ def test_a_session_started_mid_stream_keeps_the_stream_clock():
     assert started.audio_start_ms - of(alone, SpeechStarted)[0].audio_start_ms == offset * 1000 // SR
     assert abs(committed.audio_end_ms - (offset + truth[0][1]) * 1000 // SR) <= 400
     assert model.calls == [(committed.audio_end_ms - committed.audio_start_ms) * 16]
+
+
+def test_a_final_the_model_refuses_is_failed_and_the_session_goes_on():
+    def script(n):
+        if n < SR:
+            raise ModelError("the decoder's logits hold NaN or Inf")
+        return (3,)
+    session = LiveSession(Scripted(script), Options(), turn_detection=None)
+    session.feed(np.zeros(SR // 2, np.float32))
+    (committed, failed) = session.commit()
+    assert isinstance(failed, Failed) and failed.item == committed.item == 0 and "NaN" in failed.message
+    session.feed(np.zeros(SR, np.float32))
+    assert session.commit()[-1] == Completed(1, "w3", (3,), 1.0)

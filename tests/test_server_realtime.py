@@ -125,10 +125,12 @@ def of(events, kind):
     return [e for e in events if e["type"] == kind]
 
 
-def check_finals(events, fast_model, audio_of):
-    """Each completed transcript is Model.transcribe of its item's audio; its deltas spell a prefix of it."""
+def check_finals(events, fast_model, audio_of, **options):
+    """Each completed transcript is Model.transcribe of its item's audio with the session's options
+    (`options`, language "en" unless given); its deltas spell a prefix of it."""
+    options = {"language": "en", **options}
     for done in of(events, "conversation.item.input_audio_transcription.completed"):
-        expected = fast_model.transcribe(audio_of(done["item_id"]), sample_rate=16000, language="en")
+        expected = fast_model.transcribe(audio_of(done["item_id"]), sample_rate=16000, **options)
         assert done["transcript"] == expected.text and done["content_index"] == 0
         deltas = "".join(e["delta"] for e in of(events, "conversation.item.input_audio_transcription.delta")
                          if e["item_id"] == done["item_id"])
@@ -168,8 +170,12 @@ def test_manual_commits_and_an_empty_commit(app, base, fast_model):
     async def run():
         async with connect(base) as conn:
             await receive(conn)
-            await conn.session.update(session=ga_session(None))
-            assert (await receive(conn))["session"]["audio"]["input"]["turn_detection"] is None
+            session = ga_session(None)
+            transcription = session["audio"]["input"]["transcription"]
+            transcription.update(prompt="A talk about numba.", keywords=["nanoasr"])
+            await conn.session.update(session=session)
+            updated = (await receive(conn))["session"]["audio"]["input"]
+            assert updated["turn_detection"] is None and updated["transcription"]["keywords"] == ["nanoasr"]
             await conn.input_audio_buffer.commit(event_id="evt_empty")
             refused = await receive(conn)
             await append(conn, data[:cut])
@@ -187,7 +193,7 @@ def test_manual_commits_and_an_empty_commit(app, base, fast_model):
     assert of(events, "input_audio_buffer.speech_started") == []
     items = [e["item_id"] for e in of(events, "input_audio_buffer.committed")]
     audio = dict(zip(items, (at_16k(data[:cut]), at_16k(data[cut:]))))
-    check_finals(events, fast_model, audio.__getitem__)
+    check_finals(events, fast_model, audio.__getitem__, context="A talk about numba.", hotwords=["nanoasr"])
     assert len(of(events, "conversation.item.input_audio_transcription.completed")) == 2
 
 
