@@ -38,6 +38,15 @@ def tiny_model(tiny_dir):
     return Model.load(str(tiny_dir))
 
 
+@pytest.fixture(scope="session")
+def fast_model(tiny_model):
+    """The tiny model on one thread: on a machine shared with other work a pool of threads makes its small
+    products many times slower (a live session's tests decode often)."""
+    from nanoasr.api import Model
+
+    return Model(tiny_model.checkpoint, threads=1)
+
+
 # CI sets NANOASR_NO_SKIPS=1: every tier it installs for must run, so a skip there (a broken torch or
 # transformers import, a missing ffmpeg) fails the run instead of hiding a tier. Only the GPU tier and the
 # kernel paths for CPU features the machine lacks (marked cpu_path) may skip.

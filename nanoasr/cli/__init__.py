@@ -6,6 +6,7 @@
     doctor.py      nanoasr doctor
     serve.py       nanoasr serve
     batch.py       nanoasr batch INPUT ... -o DIR   (many files on Ray Data; the `ray` extra)
+    stream.py      nanoasr stream [INPUT]   (live transcription: partials and finals as audio arrives)
 
 Each command is a thin layer over the library: it parses its arguments, calls nanoasr and prints. Results
 go to stdout; progress, warnings and errors to stderr, one line each (`nanoasr[ COMMAND]: error: ...`).
@@ -33,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-COMMANDS = ("models", "doctor", "convert", "serve", "batch")  # any other first word: an input to transcribe
+COMMANDS = ("models", "doctor", "convert", "serve", "batch", "stream")  # any other first word: an input
 LIBRARY = Path(__file__).resolve().parents[1]  # nanoasr/: where the warnings shown as the library's come from
 
 

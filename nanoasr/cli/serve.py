@@ -76,6 +76,7 @@ def main(argv: list[str]) -> int:
         import uvicorn
 
         from nanoasr.server.connections import uvicorn_config
+        from nanoasr.server.realtime import WS_MAX_BYTES
     except ImportError as exc:
         error(PROG, f"the server needs the 'server' extra ({exc.name} is missing): "
                     'pip install ".[server]" in the nanoasr checkout')
@@ -86,7 +87,8 @@ def main(argv: list[str]) -> int:
             return EXIT_FAILED
         server = uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
                                                header_timeout_s=args.header_timeout,
-                                               max_header_connections=args.max_header_connections))
+                                               max_header_connections=args.max_header_connections,
+                                               ws_max_bytes=WS_MAX_BYTES))
         try:
             server.run()
         except KeyboardInterrupt:

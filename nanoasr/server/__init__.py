@@ -1,4 +1,5 @@
-"""OpenAI-compatible transcription server: POST /v1/audio/transcriptions, GET /v1/models, GET /health.
+"""OpenAI-compatible transcription server: POST /v1/audio/transcriptions, GET /v1/models, GET /health, and
+the realtime WebSockets /v1/realtime?intent=transcription (OpenAI's) and /funasr/realtime (FunASR's).
 
 One model in memory; requests run one at a time, in arrival order, on a single worker thread. A request
 holds an upload slot while its body arrives, within a read timeout, a minimum rate and a deadline (408
@@ -17,6 +18,10 @@ FastAPI and uvicorn come with the `server` extra, so this package imports them o
     responses.py   the transcript in each format, and as server-sent events
     openapi.py     the transcription route's schema
     errors.py      OpenAI's error envelope
+    realtime.py    the realtime WebSocket: OpenAI's transcription events over a nanoasr.realtime.LiveSession
+    live_config.py its session settings (GA and beta shapes)
+    live_audio.py  its input formats -> 16 kHz
+    funasr_realtime.py  FunASR's realtime protocol on the same sessions
 """
 
 

@@ -12,8 +12,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nanoasr.server.errors import ApiError, internal_error
+from nanoasr.server.funasr_realtime import router as funasr_realtime_router
 from nanoasr.server.multipart import UploadTimes
 from nanoasr.server.openapi import OPENAPI_REQUEST, OPENAPI_RESPONSES
+from nanoasr.server.realtime import router as realtime_router
 from nanoasr.server.responses import event_stream_response, transcript_response
 from nanoasr.server.service import Service
 
@@ -157,6 +159,8 @@ def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, 
                                 max_queue=max_queue, max_uploads=max_uploads, max_duration_s=max_duration_s,
                                 upload_times=times, upload_dir=upload_dir)
     app.include_router(router)
+    app.include_router(realtime_router)  # /v1/realtime?intent=transcription
+    app.include_router(funasr_realtime_router)  # /funasr/realtime, FunASR's own protocol
     for error, handler in ERROR_HANDLERS.items():
         app.add_exception_handler(error, handler)
     app.middleware("http")(require_key)

@@ -72,9 +72,10 @@ def header_guarded_protocol(timeout_s: float, limit: int) -> type:
 
 
 def uvicorn_config(app, *, host: str, port: int, header_timeout_s: float = 10,
-                   max_header_connections: int = 64, log_level: str = "info"):
-    """The uvicorn.Config that serves `app` with the header bounds above; the access log is
-    nanoasr.server's own line per request, which has each request's duration."""
+                   max_header_connections: int = 64, ws_max_bytes: int = 16 << 20, log_level: str = "info"):
+    """The uvicorn.Config that serves `app` with the header bounds above and WebSocket messages of up to
+    `ws_max_bytes`; the access log is nanoasr.server's own line per request, which has each request's
+    duration."""
     import uvicorn
     from uvicorn.config import LOGGING_CONFIG
 
@@ -83,4 +84,4 @@ def uvicorn_config(app, *, host: str, port: int, header_timeout_s: float = 10,
                                          "propagate": False}
     protocol = header_guarded_protocol(header_timeout_s, max_header_connections)
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=logging_config,
-                          access_log=False, http=protocol)
+                          access_log=False, http=protocol, ws_max_size=ws_max_bytes)

@@ -1,0 +1,121 @@
+"""Voice activity on a live stream: the energy detector of nanoasr.audio.segment, run frame by frame as audio
+arrives, and FunASR's endpointing rule (the silence that ends an utterance shrinks as the utterance grows).
+
+The offline segmenter sees the whole recording before it sets its threshold; here the threshold is set from
+the last HISTORY_S seconds of frames (the same rule: a noise-floor percentile plus a margin, capped below the
+loud end, never under the silence floor), so it follows the room as it changes. Frames are 25 ms every 10 ms;
+speech starts when a run of speech frames, bridged over pauses shorter than MIN_PAUSE_S, has lasted
+MIN_SPEECH_S and once risen HYSTERESIS_DB above the threshold (clicks and hiss do not start speech); it ends
+when the frames have stayed under the threshold for `silence_limit_ms`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from nanoasr.audio import SAMPLE_RATE
+from nanoasr.audio.segment import (FRAME_S, HOP_S, HYSTERESIS_DB, MIN_PAUSE_S, MIN_SPEECH_S, frame_db,
+                                   speech_threshold)
+from nanoasr.errors import OptionError
+
+FRAME = round(FRAME_S * SAMPLE_RATE)  # 400 samples
+HOP = round(HOP_S * SAMPLE_RATE)  # 160 samples: event times fall on 10 ms steps
+HISTORY_S = 10.0  # the threshold's frames: long enough to hold pauses, short enough to follow a room
+DB_PER_THRESHOLD = 20.0  # OpenAI's server_vad threshold (0..1, default 0.5): each 0.1 moves the level 2 dB
+DEFAULT_THRESHOLD = 0.5
+# FunASR's Nano realtime server (DynamicStreamingVAD): the silence that ends an utterance, by how long the
+# utterance already is. Short ones wait out a long pause; long ones are cut at the first short one, so an
+# utterance rarely reaches the decoder's 30 s limit.
+SILENCE_SCHEDULE = ((5.0, 2000), (10.0, 1500), (15.0, 1000), (30.0, 800), (45.0, 400))
+LAST_SILENCE_MS = 100
+
+
+def silence_limit_ms(utterance_s: float, requested_ms: int | None = None) -> int:
+    """Milliseconds of silence that end an utterance of `utterance_s` seconds: FunASR's schedule, never more
+    than the client's `silence_duration_ms` where it set one."""
+    scheduled = next((ms for upto, ms in SILENCE_SCHEDULE if utterance_s <= upto), LAST_SILENCE_MS)
+    return scheduled if requested_ms is None else min(scheduled, requested_ms)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """Speech began (`speech`) or ended (not `speech`) at sample `at` of the stream, found once the stream
+    reached sample `found` (the end of the deciding frame). Both fall on whole milliseconds."""
+
+    speech: bool
+    at: int
+    found: int
+
+
+class StreamingVad:
+    """Speech start and end of a 16 kHz stream fed in chunks of any size; memory is bounded by HISTORY_S."""
+
+    def __init__(self, threshold: float = DEFAULT_THRESHOLD, silence_ms: int | None = None, origin: int = 0):
+        """`origin`: the stream sample the first sample fed will be (transitions count from the stream's
+        start)."""
+        if not 0.0 <= threshold <= 1.0:
+            raise OptionError(f"threshold must be between 0 and 1; got {threshold}", "threshold")
+        if silence_ms is not None and silence_ms < 0:
+            raise OptionError(f"silence_duration_ms must be 0 or more; got {silence_ms}",
+                              "silence_duration_ms")
+        self.offset_db = (threshold - DEFAULT_THRESHOLD) * DB_PER_THRESHOLD
+        self.silence_ms, self.origin = silence_ms, origin
+        self.tail = np.zeros(0, np.float32)  # samples not yet in a whole frame
+        self.frames = 0  # frames measured so far: frame k covers samples [k * HOP, k * HOP + FRAME)
+        self.history = np.zeros(0)  # the last HISTORY_S seconds of frame energies, dB
+        self.in_speech = False
+        self.speech_start = 0  # frame where the current speech began
+        self.region_start = 0  # first frame of the current run of speech frames (pauses bridged)
+        self.region_peak = -np.inf
+        self.last_speech: int | None = None  # the latest speech frame
+
+    def feed(self, samples) -> list[Transition]:
+        """The transitions found in `samples` ([N] float32 at 16 kHz, continuing the stream), in order."""
+        wave = np.concatenate((self.tail, np.asarray(samples, np.float32)))
+        if len(wave) < FRAME:
+            self.tail = wave
+            return []
+        db = frame_db(wave, FRAME, HOP)
+        self.tail = wave[len(db) * HOP:]
+        self.history = np.concatenate((self.history, db))[-round(HISTORY_S / HOP_S):]
+        threshold = speech_threshold(self.history) + self.offset_db
+        out = []
+        for level in db.tolist():
+            transition = self._frame(level, threshold)
+            if transition is not None:
+                out.append(transition)
+            self.frames += 1
+        return out
+
+    def _frame(self, level: float, threshold: float) -> Transition | None:
+        k = self.frames
+        if level > threshold:
+            if self.last_speech is None or k - self.last_speech >= round(MIN_PAUSE_S / HOP_S):
+                self.region_start, self.region_peak = k, -np.inf
+            self.last_speech, self.region_peak = k, max(self.region_peak, level)
+            if (not self.in_speech and k - self.region_start + 1 >= round(MIN_SPEECH_S / HOP_S)
+                    and self.region_peak > threshold + HYSTERESIS_DB):
+                self.in_speech, self.speech_start = True, self.region_start
+                return Transition(True, self._sample(self.region_start), self._sample(k) + FRAME)
+            return None
+        if self.in_speech and (k - self.last_speech) * HOP_S * 1e3 >= self.silence_needed_ms(k):
+            self.in_speech = False
+            return Transition(False, self._sample(self.last_speech) + FRAME, self._sample(k) + FRAME)
+        return None
+
+    def _sample(self, frame: int) -> int:  # the stream sample where `frame` begins
+        return self.origin + frame * HOP
+
+    def silence_needed_ms(self, frame: int) -> int:
+        return silence_limit_ms((frame - self.speech_start) * HOP_S, self.silence_ms)
+
+    def restart(self, at: int) -> None:
+        """The current speech is cut at sample `at` (an utterance at its length limit); it goes on as new
+        speech from there, so the schedule starts over."""
+        self.speech_start = (at - self.origin) // HOP
+
+    def end_speech(self) -> None:
+        """The current speech was ended from outside (a manual commit or a clear): what follows must start
+        speech anew, from frames after this point."""
+        self.in_speech, self.last_speech = False, None

@@ -1,0 +1,189 @@
+"""nanoasr stream [INPUT]: live transcription of a stream (nanoasr.realtime) from a path or stdin.
+
+Raw PCM16 (`--format s16le --rate N`, mono little-endian) is read and endpointed as it arrives, so a pipe from
+a recorder is transcribed while it runs; any other input is decoded first (nanoasr.audio.io: WAV, FLAC, MP3
+and what ffmpeg reads) and then streamed. `--realtime` paces the audio as if it were live; otherwise it goes
+as fast as decoding allows. On a terminal the partial text of the utterance under way is rewritten in place
+and each final ends its line; into a pipe only finals are printed, one per line; `--json` prints every event
+as a JSON line. Exit status as in nanoasr.cli.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from nanoasr.audio import SAMPLE_RATE
+from nanoasr.backend import ACTIVATIONS, DEVICES
+from nanoasr.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, positive
+from nanoasr.errors import NanoasrError, OptionError
+
+PROG = "nanoasr stream"
+STDIN = "-"
+CHUNK_S = 0.1  # audio handed to the session at once: the pacing step of --realtime
+MAX_RAW_RATE = 384_000
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Live transcription of a stream: partials and "
+                                     "finals as the audio arrives",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("input", nargs="?", default=STDIN, help="audio file, or - for stdin")
+    parser.add_argument("--format", default="auto", choices=("auto", "s16le"),
+                        help="s16le: raw PCM16 mono little-endian at --rate; auto: a file any decoder reads")
+    parser.add_argument("--rate", type=positive(int), default=SAMPLE_RATE,
+                        help="sample rate of raw input, Hz")
+    parser.add_argument("--realtime", action="store_true", help="pace the input as live audio")
+    parser.add_argument("--json", action="store_true", help="every event as a JSON line")
+    parser.add_argument("--model", default=None,
+                        help="checkpoint directory, .gguf or model.pt file, hub id or package name")
+    parser.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
+    parser.add_argument("--threads", type=positive(int), default=None, help="CPU threads")
+    parser.add_argument("--activations", default="exact", choices=ACTIVATIONS, help="see nanoasr --help")
+    parser.add_argument("--language", default=None, help="language code or name (default: automatic)")
+    parser.add_argument("--context", default=None, help="free text describing the recording")
+    parser.add_argument("--hotword", action="append", default=[], metavar="WORD", help="a term to favour")
+    parser.add_argument("--manual", action="store_true",
+                        help="no voice activity detection: the whole input is one utterance")
+    parser.add_argument("--silence-ms", type=int, default=None,
+                        help="longest silence inside an utterance (default: FunASR's schedule, 2000 ms for "
+                             "short utterances down to 100 ms for long ones)")
+    parser.add_argument("--threshold", type=float, default=0.5,
+                        help="speech threshold, 0..1 as OpenAI's server_vad (higher: louder speech only)")
+    parser.add_argument("--no-partials", action="store_true", help="finals only")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.rate > MAX_RAW_RATE:
+        parser.error(f"--rate must be at most {MAX_RAW_RATE}; got {args.rate}")
+    with library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)):
+        try:
+            session = _session(args)
+        except OptionError as exc:
+            error(PROG, exc)
+            return EXIT_USAGE
+        except NanoasrError as exc:
+            error(PROG, exc)
+            return EXIT_FAILED
+        try:
+            _run(session, _chunks(args), Printer(args.json, sys.stdout), args.realtime)
+        except (NanoasrError, OSError) as exc:
+            error(PROG, exc)
+            return EXIT_FAILED
+    return EXIT_OK
+
+
+def _session(args):
+    """The live session on the loaded model; options are checked before the model loads (OptionError)."""
+    from nanoasr.api import Model, Options
+    from nanoasr.realtime import Limits, LiveSession, TurnDetection
+
+    options = Options(language=args.language, context=args.context, hotwords=args.hotword)
+    turn_detection = None if args.manual else TurnDetection(args.threshold,
+                                                            silence_duration_ms=args.silence_ms)
+    model = Model.load(args.model, device=args.device, threads=args.threads, activations=args.activations)
+    return LiveSession(model, options, turn_detection, Limits(partials=not args.no_partials))
+
+
+def _chunks(args):
+    """The input as [N] float32 chunks at 16 kHz of at most CHUNK_S seconds, read as they are needed."""
+    if args.format == "s16le":
+        return _raw_chunks(_open(args.input), args.rate)
+    from nanoasr.audio.io import load_audio
+
+    wave = load_audio(sys.stdin.buffer.read() if args.input == STDIN else args.input)
+    step = int(CHUNK_S * SAMPLE_RATE)
+    return (wave[i:i + step] for i in range(0, len(wave), step))
+
+
+def _open(path: str):
+    return sys.stdin.buffer if path == STDIN else open(path, "rb")
+
+
+def _raw_chunks(file, rate: int):
+    """PCM16 mono little-endian at `rate`, read CHUNK_S at a time and resampled to 16 kHz as it comes."""
+    import soxr
+
+    resampler = None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32",
+                                                                     quality="HQ")
+    odd = b""
+    with file:
+        while True:
+            data = odd + file.read(int(CHUNK_S * rate) * 2)
+            if len(data) <= len(odd):
+                break
+            whole = len(data) // 2 * 2
+            data, odd = data[:whole], data[whole:]
+            samples = np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
+            yield samples if resampler is None else resampler.resample_chunk(samples)
+    if resampler is not None:
+        yield resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+
+
+def _run(session, chunks, printer, realtime: bool) -> None:
+    """Feed the chunks (paced as live audio when `realtime`), then end the stream; events go to `printer`."""
+    start, fed = time.monotonic(), 0
+    for chunk in chunks:
+        if realtime:
+            time.sleep(max(0.0, start + fed / SAMPLE_RATE - time.monotonic()))
+        printer.show(session.feed(chunk))
+        fed += len(chunk)
+    printer.show(session.finish())
+
+
+class Printer:
+    """Events to `out`: JSON lines; or on a terminal the partial line rewritten in place, finals on their own
+    lines; or into a pipe the finals alone."""
+
+    def __init__(self, as_json: bool, out):
+        self.as_json, self.out = as_json, out
+        self.live = not as_json and out.isatty()
+        self.partial = ""
+        self.spans: dict[int, tuple[float, float]] = {}  # item -> (start, end) s, known once committed
+
+    def show(self, events) -> None:
+        for event in events:
+            if self.as_json:
+                self.out.write(json.dumps(self.record(event), ensure_ascii=False) + "\n")
+            else:
+                self.text(event)
+        self.out.flush()
+
+    def record(self, event) -> dict:
+        from nanoasr import realtime as rt
+
+        kind = {rt.SpeechStarted: "speech_started", rt.SpeechStopped: "speech_stopped", rt.Delta: "delta",
+                rt.Committed: "committed", rt.Completed: "completed", rt.Failed: "failed"}[type(event)]
+        out = {"type": kind, "item": event.item}
+        if isinstance(event, rt.SpeechStarted):
+            out["start"] = event.audio_start_ms / 1000
+        elif isinstance(event, rt.SpeechStopped):
+            out["end"] = event.audio_end_ms / 1000
+        elif isinstance(event, rt.Committed):
+            self.spans[event.item] = event.audio_start_ms / 1000, event.audio_end_ms / 1000
+            out.update(start=self.spans[event.item][0], end=self.spans[event.item][1])
+        elif isinstance(event, rt.Delta):
+            out["text"] = event.text
+        elif isinstance(event, rt.Failed):
+            out["error"] = event.message
+        else:
+            start, end = self.spans.pop(event.item)
+            out.update(text=event.transcript, start=start, end=end)
+        return out
+
+    def text(self, event) -> None:
+        from nanoasr import realtime as rt
+
+        if isinstance(event, rt.Delta) and self.live:
+            self.partial += event.text
+            self.out.write("\r\x1b[K" + self.partial)
+        elif isinstance(event, (rt.Completed, rt.Failed)):
+            line = event.transcript if isinstance(event, rt.Completed) else f"[failed: {event.message}]"
+            self.out.write(("\r\x1b[K" if self.live else "") + line + "\n")
+            self.partial = ""

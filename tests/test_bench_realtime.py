@@ -1,0 +1,38 @@
+"""tools/bench_realtime.py's bookkeeping: the clip's speech times and the figures made of event arrival
+times. No timing is judged here."""
+import numpy as np
+import pytest
+
+from tools import bench_realtime as bench
+
+
+def test_clip_truth_marks_the_loud_stretches():
+    clip, truth = bench.speaker_clip(12.0, seed=3)
+    wave = np.frombuffer(clip, "<i2").astype(np.float32) / 32768
+    assert len(truth) >= 2 and len(wave) / bench.WIRE_RATE >= 12.0
+    for (start, end), (next_start, _) in zip(truth, truth[1:] + [(len(wave) / bench.WIRE_RATE + 1, 0)]):
+        assert 2.0 - 0.5 < end - start <= 6.0 and next_start - end >= bench.TAIL_S
+        quiet = wave[int((end + 0.05) * bench.WIRE_RATE):int((end + bench.TAIL_S - 0.05) * bench.WIRE_RATE)]
+        assert np.abs(quiet).max() < 0.01
+
+
+def event(kind, item, **fields):
+    return {"type": kind, "item_id": item, **fields}
+
+
+def test_latencies_are_matched_to_the_utterance_each_item_covers():
+    run = {"truth": [(1.0, 3.0), (6.0, 9.0), (12.0, 14.0)], "arrivals": [
+        (1.5, event("conversation.item.input_audio_transcription.delta", "a")),
+        (2.0, event("conversation.item.input_audio_transcription.delta", "a")),
+        (3.1, event("input_audio_buffer.speech_stopped", "a", audio_end_ms=3300)),
+        (3.9, event("conversation.item.input_audio_transcription.delta", "a")),
+        (4.0, event("conversation.item.input_audio_transcription.completed", "a")),
+        (9.5, event("input_audio_buffer.speech_stopped", "b", audio_end_ms=9200)),
+        (10.5, event("conversation.item.input_audio_transcription.completed", "b"))]}
+    a, b, missed = bench.utterance_times(run)
+    assert a == {"latency": pytest.approx(1.0), "first_delta": 0.5, "cadence": 0.5}  # 3.9: the last delta
+    assert b == {"latency": 1.5, "first_delta": None, "cadence": None}
+    assert missed == {"latency": None, "first_delta": None, "cadence": None}
+    summary = bench.summarize([run], 15.0, 3.0, 40.0, max_latency=1.2)
+    assert summary["end_of_speech_to_completed_s"]["n"] == 2 and summary["completed"] == 2
+    assert summary["real_time"] is False and summary["cpu_s_per_audio_s"] == 0.2

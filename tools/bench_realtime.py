@@ -1,0 +1,230 @@
+"""Live transcription under load: N simulated speakers stream synthesized speech at real-time pace to
+`/v1/realtime?intent=transcription` over loopback, and each event's arrival is timed.
+
+    python tools/bench_realtime.py --model MODEL [--sessions 1,2,4] [--seconds 30] [--threads 2]
+                                   [--silence-ms 500] [--max-latency 1.2] [--json out.json]
+    python tools/bench_realtime.py --url ws://127.0.0.1:8000 --api-key KEY ...   (a server already running)
+
+Each speaker sends its own clip (utterances of 2-6 s with speech-like pauses inside, 3 s of silence after
+each, so the server's VAD ends each one) as 24 kHz PCM16 in 40 ms appends, paced by the clock, with
+server VAD's silence_duration_ms at --silence-ms (the end-of-speech latency includes that wait). Per
+utterance: end of speech (its last loud sample) to `completed`, and start of speech to the first delta; per
+item, the mean gap between deltas (partial cadence). With --model the server runs in this process, so its
+CPU seconds and resident memory are measured and reported per session. A session count stays real time when
+every utterance was completed and the p95 end-of-speech latency is within --max-latency.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tools.synth import speech_like  # noqa: E402
+
+SR, WIRE_RATE = 16000, 24000
+APPEND_S = 0.04
+LOUD = 1e-3  # above the synthesized noise floor (1e-4): speech
+TAIL_S = 3.0  # silence after each utterance: longer than any silence the server's schedule waits for
+
+
+def speaker_clip(seconds: float, seed: int):
+    """(24 kHz PCM16 bytes, [(speech start s, speech end s)]): utterances of 2-6 s, each then TAIL_S quiet."""
+    import soxr
+
+    rng = np.random.default_rng(seed)
+    parts, truth, at = [], [], 0.0
+    while at < seconds:
+        burst = speech_like(rng.uniform(2.0, 6.0), int(rng.integers(1 << 30)))
+        loud = np.flatnonzero(np.abs(burst) > LOUD)
+        truth.append((at + loud[0] / SR, at + (loud[-1] + 1) / SR))
+        parts += [burst, np.zeros(int(TAIL_S * SR), np.float32)]
+        at += len(burst) / SR + TAIL_S
+    wave = soxr.resample(np.concatenate(parts), SR, WIRE_RATE, "HQ")
+    return (np.clip(wave, -1, 32767 / 32768) * 32768).astype("<i2").tobytes(), truth
+
+
+async def speak(url: str, headers: dict, clip: bytes, truth, silence_ms: int, settle_s: float) -> dict:
+    """Stream `clip` at real-time pace; the arrival times of the events, relative to the first sample."""
+    import websockets
+
+    async with websockets.connect(url, additional_headers=headers, max_size=None) as ws:
+        json.loads(await ws.recv())  # session.created
+        vad = {"type": "server_vad", "silence_duration_ms": silence_ms}
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "transcription", "audio": {"input": {"turn_detection": vad}}}}))
+        arrivals: list[tuple[float, dict]] = []
+        start = time.monotonic()
+        reader = asyncio.create_task(_read(ws, arrivals, start, len(truth)))
+        step = int(APPEND_S * WIRE_RATE) * 2
+        for k, i in enumerate(range(0, len(clip), step)):
+            await asyncio.sleep(max(0.0, start + k * APPEND_S - time.monotonic()))
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(clip[i:i + step]).decode()}))
+        try:
+            await asyncio.wait_for(reader, settle_s)  # the last finals
+        except asyncio.TimeoutError:
+            pass
+    return {"arrivals": arrivals, "truth": truth}
+
+
+async def _read(ws, arrivals: list, start: float, expected: int) -> None:
+    import websockets
+
+    completed = 0
+    while completed < expected:
+        try:
+            event = json.loads(await ws.recv())
+        except websockets.exceptions.ConnectionClosed:  # the server ended the session: what came is kept
+            return
+        arrivals.append((time.monotonic() - start, event))
+        completed += event["type"] == "conversation.item.input_audio_transcription.completed"
+
+
+def utterance_times(run: dict) -> list[dict]:
+    """Per spoken utterance: end of speech to completed, start of speech to first delta (s), and the mean gap
+    between its partial deltas (those before speech_stopped); None where there is nothing to measure."""
+    stops = [(t, e) for t, e in run["arrivals"] if e["type"] == "input_audio_buffer.speech_stopped"]
+    stopped = {e["item_id"]: e["audio_end_ms"] / 1000 for _, e in stops}
+    stopped_at = {e["item_id"]: t for t, e in stops}
+    done = {e["item_id"]: t for t, e in run["arrivals"]
+            if e["type"] == "conversation.item.input_audio_transcription.completed"}
+    deltas: dict[str, list[float]] = {}
+    for t, e in run["arrivals"]:
+        if e["type"] == "conversation.item.input_audio_transcription.delta":
+            deltas.setdefault(e["item_id"], []).append(t)
+    out = []
+    for start, end in run["truth"]:
+        item = min(stopped, key=lambda i: abs(stopped[i] - end), default=None)
+        if item is None or abs(stopped[item] - end) > 1.0:
+            out.append({"latency": None, "first_delta": None, "cadence": None})
+            continue
+        times = deltas.get(item, [])
+        gaps = np.diff([t for t in times if t < stopped_at[item]])  # the partials, not the final's remainder
+        out.append({"latency": done[item] - end if item in done else None,
+                    "first_delta": times[0] - start if times else None,
+                    "cadence": float(gaps.mean()) if len(gaps) else None})
+    return out
+
+
+def percentiles(values) -> dict:
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"p50": None, "p95": None, "n": 0}
+    p50, p95 = (round(float(np.percentile(values, q)), 3) for q in (50, 95))
+    return {"p50": p50, "p95": p95, "n": len(values)}
+
+
+def summarize(runs: list[dict], audio_s: float, cpu_s, rss_mb, max_latency: float) -> dict:
+    """The round's figures; `cpu_s` and `rss_mb` are the server process's (None when it runs elsewhere)."""
+    times = [u for run in runs for u in utterance_times(run)]
+    latency = percentiles(u["latency"] for u in times)
+    completed = sum(u["latency"] is not None for u in times)
+    real_time = completed == len(times) and latency["p95"] is not None and latency["p95"] <= max_latency
+    return {"sessions": len(runs), "utterances": len(times), "completed": completed,
+            "end_of_speech_to_completed_s": latency,
+            "speech_start_to_first_delta_s": percentiles(u["first_delta"] for u in times),
+            "partial_cadence_s": percentiles(u["cadence"] for u in times),
+            "cpu_s_per_audio_s": None if cpu_s is None else round(cpu_s / audio_s, 3),
+            "rss_mb_per_session": None if rss_mb is None else round(rss_mb / len(runs), 1),
+            "real_time": real_time}
+
+
+def cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2 ** 20
+
+
+async def round_of(url: str, headers: dict, sessions: int, args):
+    clips = [speaker_clip(args.seconds, seed) for seed in range(sessions)]
+    audio_s = sum(len(clip) / 2 / WIRE_RATE for clip, _ in clips)
+    runs = await asyncio.gather(*(speak(url, headers, clip, truth, args.silence_ms, args.settle)
+                                  for clip, truth in clips))
+    return runs, audio_s
+
+
+def serve_here(model: str, threads: int | None):
+    """The server on 127.0.0.1 in this process: (its ws:// URL, a function that stops it)."""
+    import uvicorn
+
+    from nanoasr.api import Model
+    from nanoasr.server import create_app
+    from nanoasr.server.realtime import WS_MAX_BYTES
+
+    app = create_app(Model.load(model, threads=threads), max_queue=256)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                           ws_max_size=WS_MAX_BYTES))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+
+    def stop():
+        server.should_exit = True
+        thread.join(30)
+
+    return f"ws://127.0.0.1:{port}", stop
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="run the server here, on this model")
+    parser.add_argument("--url", help="a running server's ws://host:port instead")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--sessions", default="1", help="comma-separated session counts, one round each")
+    parser.add_argument("--seconds", type=float, default=30.0, help="audio per speaker")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--silence-ms", type=int, default=500)
+    parser.add_argument("--max-latency", type=float, default=1.2)
+    parser.add_argument("--settle", type=float, default=30.0,
+                        help="seconds a speaker waits for its last finals after its audio ends")
+    parser.add_argument("--json", default=None, help="write the results here too")
+    args = parser.parse_args(argv)
+    logging.getLogger("nanoasr").setLevel(logging.ERROR)  # a random model's budget warnings, once a decode
+    if (args.model is None) == (args.url is None):
+        parser.error("give --model (a server in this process) or --url (a running server)")
+    url, stop = serve_here(args.model, args.threads) if args.model else (args.url.rstrip("/"), None)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    results = []
+    try:
+        for sessions in (int(n) for n in args.sessions.split(",")):
+            cpu, rss = cpu_seconds(), rss_mb()
+            runs, audio_s = asyncio.run(round_of(f"{url}/v1/realtime?intent=transcription", headers, sessions,
+                                                 args))
+            here = stop is not None  # the server's CPU and memory are this process's
+            summary = summarize(runs, audio_s, cpu_seconds() - cpu if here else None,
+                                max(0.0, rss_mb() - rss) if here else None, args.max_latency)
+            results.append(summary)
+            print(json.dumps(summary), flush=True)
+    finally:
+        if stop is not None:
+            stop()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
