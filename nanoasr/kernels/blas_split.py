@@ -7,7 +7,8 @@ spin on the cores BLAS's would need (Python threads calling BLAS between numba's
 one). Here the threads that run are numba's: a parallel region hands each a run of heads, and each leaves
 compiled code (numba's object mode) to run that run's GEMMs with numpy's matmul, which lets the GIL go
 around BLAS. The region itself runs without the GIL, so the thread that starts it never holds it while
-another waits for it. Every head's product is the same BLAS call as in one stacked call: the same bits.
+another waits for it. Every head's product is the same BLAS call as in one stacked call on one thread: the
+same bits as BLAS kept to the calling thread (BLAS's own threads may sum a product in another order).
 Handing the GIL between the threads has a cost of its own, so small products stay whole. Compiled on
 first use and cached on disk.
 """
