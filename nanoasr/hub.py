@@ -262,6 +262,8 @@ def variant_of(model=None) -> str | None:
     """The model variant (which languages it knows) that `model` names, from its package or its file or repo
     name alone: nothing is read or downloaded. None when the name does not tell."""
     model = default_model() if model is None else model
+    if model is None:
+        return default_package().variant
     path = Path(os.fspath(model)).expanduser()
     if isinstance(model, Path) or looks_like_path(str(model)) or path.exists():
         package = describe_local(path).package if path.exists() else None

@@ -41,11 +41,12 @@ Exit status: 0 all inputs transcribed, 1 some failed, 2 usage error.
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Every option's help ends with its default; None and False read as 'none' and 'off'."""
+    """Every optional option's help ends with its default; None and False read as 'none' and 'off'."""
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default:" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+        if ("default:" in text or action.default is argparse.SUPPRESS or not action.option_strings
+                or action.required):
             return text
         default = action.default
         if default is None or default == []:
