@@ -79,6 +79,12 @@ def test_a_language_the_default_model_lacks_is_a_usage_error_before_the_load(
     assert not fake_hub.requests
 
 
+def test_a_language_found_wrong_only_after_the_load_is_a_usage_error_too(tiny_dir, tmp_path, capsys):
+    soundfile.write(tmp_path / "a.wav", speech_like(1.0), 16000)
+    code, out, err = run(capsys, tmp_path / "a.wav", "--model", tiny_dir, "--language", "ko")  # no name
+    assert code == 2 and not out and err.startswith("nanoasr: error: language 'ko' (ko)")
+
+
 def test_the_variant_comes_from_the_package_or_the_name(hf_env, tmp_path):
     assert hub.variant_of("mlt") == MLT and hub.variant_of("q8") == "fun-asr-nano-2512"
     assert hub.variant_of("FunAudioLLM/Fun-ASR-MLT-Nano-2512") == MLT  # a repo no package describes
@@ -208,6 +214,14 @@ def test_required_options_show_no_default(capsys, command, required):
     text = " ".join(out.split())
     assert code == 0 and required in text and f"{required} (default" not in text
     assert "(default: None)" not in text
+
+
+def test_serve_help_names_the_default_model_once(capsys):
+    code, out, _ = run(capsys, "serve", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "(default: $NANOASR_MODEL or the config file's model, else the default package)" \
+        in text
+    assert "(default: None)" not in text and "package) (default" not in text
 
 
 # --- small breakages -------------------------------------------------------------------------------------

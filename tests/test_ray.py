@@ -361,3 +361,12 @@ def test_batch_survives_a_killed_worker(cluster, many, tiny_dir, tmp_path):
     assert all(line["status"] == "ok" for line in lines)
     for line in lines:
         json.loads((out / line["outputs"][0]).read_text())
+
+
+def test_quiet_batch_prints_its_error_lines_alone(cluster, clips, tiny_dir, tmp_path):
+    code, err = finish(nanoasr("batch", clips, "-r", "-q", "-o", tmp_path, "--model", tiny_dir,
+                               "--max-duration", 3.2, "--workers", 1, "--threads-per-worker", 1,
+                               "--ray-address", cluster))
+    lines = err.splitlines()
+    assert code == 1 and len(lines) == 2, err  # clip2.wav too long, corrupt.wav: nothing from Ray
+    assert all(line.startswith("nanoasr batch: error: ") for line in lines), err

@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=None,
                        help="as the main command's --model; a local path must exist on every Ray node "
-                            "(default: the official safetensors package at its pinned revision)")
+                            "(default: $NANOASR_MODEL or the config file's model, else the official "
+                            "safetensors package at its pinned revision)")
     model.add_argument("--llm", default=None, metavar="QWEN3.gguf",
                        help="the decoder GGUF when --model is the encoder GGUF of FunASR's llama.cpp runtime")
     ray = parser.add_argument_group("ray")

@@ -71,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=None,
                        help="checkpoint directory, .gguf or FunASR model.pt file, hub id "
-                            "org/repo[@revision], or package name (default: the official safetensors package "
-                            "at its pinned revision)")
+                            "org/repo[@revision], or package name (default: $NANOASR_MODEL or the config "
+                            "file's model, else the official safetensors package at its pinned revision)")
     model.add_argument("--llm", default=None, metavar="QWEN3.gguf",
                        help="the decoder GGUF (a llama.cpp qwen3 file) when --model is the encoder GGUF of "
                             "FunASR's llama.cpp runtime")
