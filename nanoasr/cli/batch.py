@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_duration_option(output, "each with its error")
     output.add_argument("-v", "--verbose", action="store_true", help="a line for each input done")
     output.add_argument("-q", "--quiet", action="store_true",
-                        help="no Ray progress bars or Ray Data logs, and no closing summary line")
+                        help="no Ray progress bars, Ray logs or workers' output, and no closing summary line")
     return parser
 
 
@@ -196,7 +196,6 @@ def _transcripts(args, paths: list[str], options: dict):
     address = args.ray_address or os.environ.get("RAY_ADDRESS")
     where = dict(address=address) if address else dict(address="local", include_dashboard=False)
     if args.quiet:  # failures still come back, as the rows' errors: every other line Ray has is noise here
-        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # its C++ core's lines (core_worker.cc)
         init_ray(logging_level=logging.ERROR, log_to_driver=False, **where)
         for name in ("ray", "ray.data"):
             logging.getLogger(name).setLevel(logging.ERROR)
