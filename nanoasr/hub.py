@@ -110,7 +110,7 @@ class Resolved:
 
 @dataclass(frozen=True)
 class Hints:
-    """What a failed fetch tells the user, by who asked: a download command, or a load that needs one."""
+    """What a failed fetch tells the user, which depends on who asked: `models download`, or a load."""
     offline: str  # why nothing is fetched, after "is not downloaded"
     fetch: str  # what to do about it
     network: str  # after "check the network (or HF_ENDPOINT)"
