@@ -199,7 +199,9 @@ def format_text(data: dict) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nanoasr doctor", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="model to look for (default: the default package)")
+    parser.add_argument("--model", default=None,
+                        help="model to look for (default: $NANOASR_MODEL or the config file's model, "
+                             "else the default package)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     data = report(args.model)
