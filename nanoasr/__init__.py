@@ -27,7 +27,7 @@ __all__ = [
 
 def load_model(model=None, device="cpu", threads=None, **kwargs):
     """Load a Fun-ASR-Nano model: a local directory or .gguf, a hub id (`org/repo[@rev]`), or a package
-    name."""
+    name; by default $NANOASR_MODEL or the config file's `model`, else the default package (nanoasr.hub)."""
     from nanoasr.api import Model
 
     return Model.load(model, device=device, threads=threads, **kwargs)

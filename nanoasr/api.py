@@ -312,7 +312,8 @@ class Model:
             log.warning("%d of %d segments stopped early (%d at the token budget, %d by the repetition "
                         "guard), so their text may be incomplete; finish_reason marks them%s", len(cut),
                         len(segments), cut.count("length"), cut.count("repetition"),
-                        "; max_new_tokens raises the budget" if "length" in cut else "")
+                        "; max_new_tokens raises the budget"
+                        if "length" in cut and options.max_new_tokens is None else "")  # not the user's own
         code = prompt.language_code(options.language)
         return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, duration, timer.ms)
 

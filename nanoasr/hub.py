@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import reprlib
 import stat
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fnmatch import fnmatch
@@ -43,6 +45,10 @@ MANIFEST_MAX_BYTES = 1 << 20  # a manifest lists a package's few files: a few hu
 HF_LOCAL_DIR_FILES = {".gitignore": b"*", ".gitignore.lock": None}
 CACHEDIR_TAG = "CACHEDIR.TAG"
 CACHEDIR_TAG_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"  # the Cache Directory Tagging spec's
+MODEL_VARIABLE = "NANOASR_MODEL"  # the model used when none is given; before the config file's `model`
+# A variant told by a name (a folder, file or repo): Fun-ASR-MLT-Nano's first; Fun-ASR-Nano's is in it.
+VARIANT_NAMES = ((re.compile(r"fun.?asr.?mlt.?nano", re.IGNORECASE), "fun-asr-mlt-nano-2512"),
+                 (re.compile(r"fun.?asr.?nano", re.IGNORECASE), "fun-asr-nano-2512"))
 
 
 def _short_repr() -> reprlib.Repr:
@@ -73,6 +79,7 @@ class Package:
     license: str
     license_url: str | None = None
     variant: str = "fun-asr-nano-2512"  # or "fun-asr-mlt-nano-2512": which languages the model knows
+    approx_size: int | None = None  # bytes, rounded: the download where a file's size is not recorded
 
     @property
     def size(self) -> int | None:
@@ -102,6 +109,14 @@ class Resolved:
 
 
 @dataclass(frozen=True)
+class Hints:
+    """What a failed fetch tells the user, which depends on who asked: `models download`, or a load."""
+    offline: str  # why nothing is fetched, after "is not downloaded"
+    fetch: str  # what to do about it
+    network: str  # after "check the network (or HF_ENDPOINT)"
+
+
+@dataclass(frozen=True)
 class Target:
     """What to fetch: a package's files, or (files None) a checkpoint snapshot of any repo."""
     label: str  # the name a user types to get it again
@@ -123,7 +138,8 @@ class Target:
 def list_packages() -> list[Package]:
     return [Package(p["name"], p.get("description", ""), p["format"], p["repo"], p["revision"],
                     tuple(PackageFile(f["name"], f.get("size"), f.get("sha256")) for f in p["files"]),
-                    p.get("license", "unknown"), p.get("license_url"), p.get("variant", "fun-asr-nano-2512"))
+                    p.get("license", "unknown"), p.get("license_url"), p.get("variant", "fun-asr-nano-2512"),
+                    p.get("approx_size"))
             for p in spec()["packages"]]
 
 
@@ -152,13 +168,26 @@ def info(name: str | None = None, *, revision: str | None = None, local_dir=None
         "repo": target.repo,
         "revision": target.revision,
         "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files],
-        "size": package.size if package and target.pinned else None,
+        "size": package.size if package and target.pinned and package.size else _local_size(target, path),
+        "approx_size": package.approx_size if package else None,
         "license": package.license if package else None,
         "license_url": package.license_url if package else None,
         "cached": path is not None,
         "path": str(path) if path else None,
         "download": _command(target, local_dir),
     }
+
+
+def _local_size(target: Target, path: Path | None) -> int | None:
+    """Bytes of the target's files already here (what their download took); None when they are not."""
+    if path is None:
+        return None
+    folder = _folder(path)
+    if path.is_file():
+        return path.stat().st_size
+    names = ([f.name for f in target.files] if target.files
+             else [p.name for p in folder.iterdir() if p.is_file()])
+    return sum((folder / name).stat().st_size for name in names)
 
 
 def _snapshot_format(target: Target) -> str:
@@ -179,17 +208,77 @@ def _command(target: Target, local_dir) -> str:
 
 def resolve(model=None, *, revision: str | None = None, local_dir=None, offline: bool | None = None,
             progress: bool = True) -> Resolved:
-    """Local files for `model`, downloading what is missing unless offline (default: `HF_HUB_OFFLINE`)."""
+    """Local files for `model` (default: default_model()), downloading what is missing unless offline
+    (default: `HF_HUB_OFFLINE`)."""
+    model = default_model() if model is None else model
     local = _local(model)
     if local is not None:
         return local
-    return _fetch(_target(model, revision), local_dir, _offline(offline), progress, verify_all=False)
+    target = _target(model, revision)
+    fetch = _command(target, local_dir)
+    asked = (" and offline mode is on (HF_HUB_OFFLINE)", f"Download it once with network access: {fetch}")
+    if offline is not None:  # the caller's choice, whatever HF_HUB_OFFLINE says
+        asked = ("", f"Download it: {fetch}")
+    return _fetch(target, local_dir, _offline(offline), progress, verify_all=False,
+                  hints=Hints(*asked, network=f"then: {fetch}"))
 
 
 def download(name: str | None = None, *, revision: str | None = None, local_dir=None,
              progress: bool = True) -> Resolved:
     """Fetch a package or hub id and check every file with a recorded size and sha256."""
-    return _fetch(_target(name, revision), local_dir, _offline(None), progress, verify_all=True)
+    hints = Hints(" and offline mode is on (HF_HUB_OFFLINE)", "Unset HF_HUB_OFFLINE to download it.",
+                  network="then run this again")
+    return _fetch(_target(name, revision), local_dir, _offline(None), progress, verify_all=True, hints=hints)
+
+
+def config_file() -> Path:
+    """nanoasr's config file where XDG puts them: $XDG_CONFIG_HOME/nanoasr/config.toml (~/.config/...)."""
+    home = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(home) / "nanoasr" / "config.toml"
+
+
+def default_model() -> str | None:
+    """The model used when none is given: $NANOASR_MODEL, else the config file's `model = "..."`; None
+    for the default package."""
+    value = os.environ.get(MODEL_VARIABLE, "").strip()
+    if value:
+        return value
+    path = config_file()
+    if not path.is_file():
+        return None
+    import tomllib
+
+    try:
+        value = tomllib.loads(path.read_text(encoding="utf-8")).get("model")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ModelError(f"{path}: cannot read it as TOML: {_one_line(exc)}") from None
+    if value is not None and not (isinstance(value, str) and value.strip()):
+        raise ModelError(f"{path}: model must be a non-empty string (a package name, hub id or path); "
+                         f"got {SHORT.repr(value)}")
+    return value.strip() if value else None
+
+
+def variant_of(model=None) -> str | None:
+    """The model variant (which languages it knows) that `model` names, from its package or its file or repo
+    name alone: nothing is read or downloaded. None when the name does not tell."""
+    model = default_model() if model is None else model
+    if model is None:
+        return default_package().variant
+    path = Path(os.fspath(model)).expanduser()
+    if isinstance(model, Path) or looks_like_path(str(model)) or path.exists():
+        package = describe_local(path).package if path.exists() else None
+        # the file's name and its folder's: a folder further up names where the user keeps things, not this
+        named = "/".join(Path(os.path.abspath(path)).parts[-2:])
+        return package.variant if package else _variant_in_name(named)
+    try:
+        target = _target(str(model), None)
+    except ModelError:  # said when the model is loaded
+        return None
+    return target.package.variant if target.package else _variant_in_name(target.repo)
+
+
+def _variant_in_name(name: str) -> str | None:
+    return next((variant for pattern, variant in VARIANT_NAMES if pattern.search(name)), None)
 
 
 def looks_like_path(model: str) -> bool:
@@ -202,6 +291,9 @@ def _local(model) -> Resolved | None:
     if model is None:
         return None
     path = Path(os.fspath(model)).expanduser()
+    if path.is_file() and path.suffix.lower() in (".safetensors", ".json"):
+        raise ModelError(f"{model}: a safetensors checkpoint is loaded from its folder: give the folder "
+                         f"({path.parent}), not a file in it")
     if path.exists():
         return describe_local(path)
     if isinstance(model, Path) or looks_like_path(str(model)):
@@ -323,27 +415,62 @@ def cache_dir() -> Path:
 
 # --- fetching ---------------------------------------------------------------------------------------------
 
-def _fetch(target: Target, local_dir, offline: bool, progress: bool, verify_all: bool) -> Resolved:
+def _fetch(target: Target, local_dir, offline: bool, progress: bool, verify_all: bool,
+           hints: Hints) -> Resolved:
     local_dir = Path(local_dir).expanduser() if local_dir is not None else None
     if offline:  # nothing is written, so the manifest stays as it is
         path = _present(target, local_dir)
         if path is None:
-            raise ModelError(_offline_message(target, local_dir))
+            raise ModelError(_offline_message(target, local_dir, hints))
         return _resolved(target, path, local_dir, verify_all, fresh=())
     earlier = _manifest_files(local_dir) if local_dir is not None else []  # a bad one fails before fetching
-    if target.files is None:
-        before = _file_ids(local_dir if local_dir is not None else _repo_cache(target) / "blobs")
-        path = _snapshot(target, local_dir, progress)
-        fresh = tuple(p.name for p in sorted(_folder(path).iterdir())
-                      if p.is_file() and _file_id(p) not in before)
-    else:
-        path, fresh = _download_package(target, local_dir, progress)
+    if progress:
+        _announce(target, local_dir)
+    with _hub_errors(target, local_dir, hints), _hub_logs_silenced():
+        if target.files is None:
+            before = _file_ids(local_dir if local_dir is not None else _repo_cache(target) / "blobs")
+            path = _snapshot(target, local_dir, progress)
+            fresh = tuple(p.name for p in sorted(_folder(path).iterdir())
+                          if p.is_file() and _file_id(p) not in before)
+        else:
+            path, fresh = _download_package(target, local_dir, progress)
     resolved = _resolved(target, path, local_dir, verify_all, fresh)
     for name in fresh:  # after their checks have read them
         leave_page_cache(_folder(path) / name)
     if local_dir is not None:
         _write_manifest(local_dir, target, resolved.revision, earlier)
     return resolved
+
+
+def _announce(target: Target, local_dir) -> None:
+    """One stderr line before a download starts: what, from where, how big, to where."""
+    missing = _missing(target, local_dir)
+    if not missing:
+        return
+    sizes = {f.name: f.size for f in target.files or ()}
+    known = target.pinned and all(sizes.get(name) is not None for name in missing)
+    size = (_human_size(sum(sizes[name] for name in missing)) if known
+            else f"about {_human_size(target.package.approx_size)}"
+            if target.package and target.package.approx_size and target.pinned else "size unknown")
+    print(f"nanoasr: downloading {target.label} ({target.repo}@{target.revision[:12]}, {size}) to "
+          f"{local_dir or cache_dir()}", file=sys.stderr, flush=True)
+
+
+def _human_size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n} bytes"
+
+
+@contextmanager
+def _hub_logs_silenced():
+    """huggingface_hub logs each retry as a warning (a dozen lines when the hub is out of reach); its
+    failure comes out once, as the ModelError of _hub_errors."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _download_package(target: Target, local_dir, progress: bool) -> tuple[Path, tuple[str, ...]]:
@@ -389,20 +516,18 @@ def _resolved(target: Target, path: Path, local_dir, verify_all: bool, fresh: tu
 def _download_file(target: Target, filename: str, local_dir, progress: bool) -> Path:
     from huggingface_hub import hf_hub_download
 
-    with _hub_errors(target, local_dir):
-        return Path(hf_hub_download(target.repo, filename, revision=target.revision,
-                                    local_dir=str(local_dir) if local_dir else None,
-                                    tqdm_class=None if progress else _silent_tqdm()))
+    return Path(hf_hub_download(target.repo, filename, revision=target.revision,
+                                local_dir=str(local_dir) if local_dir else None,
+                                tqdm_class=None if progress else _silent_tqdm()))
 
 
 def _snapshot(target: Target, local_dir, progress: bool) -> Path:
     from huggingface_hub import snapshot_download
 
-    with _hub_errors(target, local_dir):
-        folder = Path(snapshot_download(target.repo, revision=target.revision,
-                                        allow_patterns=list(target.patterns),
-                                        local_dir=str(local_dir) if local_dir else None,
-                                        tqdm_class=None if progress else _silent_tqdm()))
+    folder = Path(snapshot_download(target.repo, revision=target.revision,
+                                    allow_patterns=list(target.patterns),
+                                    local_dir=str(local_dir) if local_dir else None,
+                                    tqdm_class=None if progress else _silent_tqdm()))
     return _snapshot_path(target, folder)
 
 
@@ -433,7 +558,7 @@ def _silent_tqdm():
 
 
 @contextmanager
-def _hub_errors(target: Target, local_dir):
+def _hub_errors(target: Target, local_dir, hints: Hints):
     """huggingface_hub's many exception types -> one ModelError line naming what failed."""
     from huggingface_hub import errors
 
@@ -449,8 +574,8 @@ def _hub_errors(target: Target, local_dir):
         raise ModelError(f"{where}: a package file is not in the repository ({_one_line(exc)})") from None
     except errors.LocalEntryNotFoundError:
         raise ModelError(f"{target.label}: cannot reach the hub and the files are not in "
-                         f"{local_dir or cache_dir()}; check the network (or HF_ENDPOINT), then: "
-                         f"{_command(target, local_dir)}") from None
+                         f"{local_dir or cache_dir()}; check the network (or HF_ENDPOINT), "
+                         f"{hints.network}") from None
     except (errors.HfHubHTTPError, OSError, ValueError) as exc:
         raise ModelError(f"{where}: download failed ({type(exc).__name__}: {_one_line(exc)})") from None
 
@@ -513,11 +638,10 @@ def _missing(target: Target, local_dir) -> list[str]:
     return [f.name for f in target.files if _file_present(target, f.name, local_dir) is None]
 
 
-def _offline_message(target: Target, local_dir) -> str:
+def _offline_message(target: Target, local_dir, hints: Hints) -> str:
     where = local_dir if local_dir is not None else f"the Hugging Face cache ({cache_dir()})"
-    return (f"{target.label} ({target.repo}@{target.revision}) is not downloaded and offline mode is on "
-            f"(HF_HUB_OFFLINE): missing {', '.join(_missing(target, local_dir))} in {where}. "
-            f"Download it once with network access: {_command(target, local_dir)}")
+    return (f"{target.label} ({target.repo}@{target.revision}) is not downloaded{hints.offline}: "
+            f"missing {', '.join(_missing(target, local_dir))} in {where}. {hints.fetch}")
 
 
 # --- verification -----------------------------------------------------------------------------------------

@@ -103,7 +103,8 @@ class Transcript:
         return self.render("tsv")
 
     def write(self, path, fmt: str | None = None) -> None:
-        """Write to `path` in `fmt`, by default the one its suffix names (.txt, .json, .srt, .vtt, .tsv)."""
+        """Write to `path` in `fmt`, by default the one its suffix names (.txt, .json, .srt, .vtt, .tsv);
+        the folders on the way are created where missing."""
         from nanoasr import writers
 
         writers.write(self, fmt or writers.format_of(path), path)

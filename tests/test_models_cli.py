@@ -57,9 +57,11 @@ def test_download_prints_path_and_progress_header(hf_env, fake_hub, capsys):
     code, out, err = run(capsys, "models", "download", "q8")
     path = Path(out.strip())
     assert code == 0 and path.name == "m-q8_0.gguf" and path.read_bytes() == GGUF_OLD
-    assert err.startswith(f"nanoasr: q8: test/gguf@{OLD}") and str(hf_env / "hub") in err
-    code, out, _ = run(capsys, "models", "download", "q8", "--revision", NEW, "--quiet")
-    assert code == 0 and f"/snapshots/{NEW}/" in out
+    header = f"nanoasr: downloading q8 (test/gguf@{OLD[:12]}, {len(GGUF_OLD)} bytes) to {hf_env / 'hub'}\n"
+    assert err == header  # one line before the download, and nothing after it
+    assert run(capsys, "models", "download", "q8") == (0, out, "")  # nothing to fetch: nothing said
+    code, out, err = run(capsys, "models", "download", "q8", "--revision", NEW, "--quiet")
+    assert code == 0 and f"/snapshots/{NEW}/" in out and not err
 
 
 def test_download_to_local_dir_and_remove(hf_env, fake_hub, capsys, tmp_path):
@@ -135,7 +137,8 @@ def test_errors_are_one_line_exit_1(hf_env, fake_hub, capsys, argv, expected):
 def test_offline_download_explains(hf_env, fake_hub, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, _, err = run(capsys, "models", "download", "f16")
-    assert code == 1 and "offline" in err and "python -m nanoasr models download f16" in err
+    assert code == 1 and "offline mode is on (HF_HUB_OFFLINE)" in err and "Unset HF_HUB_OFFLINE" in err
+    assert "models download" not in err  # not the command that just failed
     assert not fake_hub.requests
 
 
@@ -213,7 +216,8 @@ def test_real_package_through_a_fresh_process(tmp_path):
         assert sorted(p.name for p in path.iterdir()) == sorted(files)
         listed = nanoasr("models", "list")
         row = next(line for line in listed.stdout.splitlines() if line.startswith(package.name))
-        assert row.split()[3] == "yes"
+        size = sum(len(data) for data in files.values())  # the cached files' own sizes
+        assert row.split()[2:5] == [str(size), "B", "yes"]
         report = nanoasr("doctor", "--json", HF_HUB_OFFLINE="1")
         model = json.loads(report.stdout)["model"]
         assert report.returncode == 0 and model["resolved"] and model["path"] == str(path)

@@ -113,9 +113,21 @@ def test_each_mlt_language_by_code_and_english_name_gives_funasrs_prompt():
 def test_a_language_the_loaded_variant_was_not_trained_for_names_the_ones_it_was():
     nano = prompt.VARIANT_LANGUAGES["fun-asr-nano-2512"]
     assert prompt.language_code("Japanese", nano) == "ja"
-    with pytest.raises(OptionError, match=r"'ko' \(ko\): the loaded model was not trained for it; "
+    with pytest.raises(OptionError, match=r"'ko' \(ko\): the model was not trained for it; "
                                           r"its languages are zh, en, ja"):
         prompt.language_code("ko", nano)
     assert prompt.language_code("韩文", prompt.VARIANT_LANGUAGES["fun-asr-mlt-nano-2512"]) == "ko"
     with pytest.raises(OptionError, match="unknown language 'klingon'"):
         prompt.language_code("klingon")
+
+
+def test_a_misspelt_language_gets_a_suggestion_among_the_model_languages_alone():
+    nano = prompt.VARIANT_LANGUAGES["fun-asr-nano-2512"]
+    with pytest.raises(OptionError) as err:
+        prompt.language_code("englsh", nano)
+    assert "unknown language 'englsh' (did you mean 'english'?)" in str(err.value)
+    assert "names of zh, en, ja, or auto" in str(err.value)
+    with pytest.raises(OptionError, match=r"'koreen'; accepted"):  # Korean is not among Nano's: no guess
+        prompt.language_code("koreen", nano)
+    with pytest.raises(OptionError, match=r"did you mean 'korean'.*names of zh, en, yue, ja, ko"):
+        prompt.language_code("koreen")

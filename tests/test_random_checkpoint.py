@@ -33,3 +33,15 @@ def test_every_expected_tensor_is_written_at_its_scale(tmp_path):
     assert abs(fc1.std() * np.sqrt(32) - 1) < 0.1
     gain = bf16_to_f32(tensors["model.language_model.norm.weight"].data)
     assert abs(gain.mean() - 1) < 0.1 and 0 < gain.std() < 0.2
+
+
+def test_each_stage_says_what_it_writes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(rc, "full_config", lambda: json.loads((rc.TINY / "config.json").read_text()))
+    assert rc.main([str(tmp_path / "out"), "--seed", "1"]) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert not out and len(lines) == 4 and all(line.startswith("random_checkpoint: ") for line in lines)
+    for line, name in zip(lines, ("config.json", "tokenizer.json", "model.safetensors")):
+        assert str(tmp_path / "out" / name) in line and (tmp_path / "out" / name).is_file()
+    assert "GB of random BF16 weights" in lines[2]
+    assert lines[3] == f"random_checkpoint: done: {tmp_path / 'out'}"

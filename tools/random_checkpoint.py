@@ -83,21 +83,33 @@ def write_safetensors(path: Path, config: Config, seed: int) -> None:
             f.write(bf16_bits(random_weight(rng, name, shape)).tobytes())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from nanoasr.model.config import from_dict
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     raw = full_config()
+    stage(f"{out / 'config.json'}: the real model's sizes")
     (out / "config.json").write_text(json.dumps(raw, indent=2))
+    stage(f"{out / 'tokenizer.json'}: the Qwen3 vocabulary")
     (out / "tokenizer.json").write_bytes(gzip.decompress((TINY / "tokenizer.json.gz").read_bytes()))
-    write_safetensors(out / "model.safetensors", from_dict(raw), args.seed)
+    config = from_dict(raw)
+    size = sum(2 * math.prod(shape) for shape, _ in expected_tensors(config).values())
+    stage(f"{out / 'model.safetensors'}: {size / 1e9:.1f} GB of random BF16 weights (the longest stage: "
+          "about half a minute)")
+    write_safetensors(out / "model.safetensors", config, args.seed)
+    stage(f"done: {out}")
     return 0
+
+
+def stage(what: str) -> None:
+    """One stderr line as each stage starts: the weights take long enough to pass for a hang."""
+    print(f"random_checkpoint: {what}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

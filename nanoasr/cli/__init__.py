@@ -21,6 +21,8 @@ Exit status, the same for every command:
     2    usage error: a bad command line, found before any work starts: argparse's usage and message, or
          one line for an option value the library refuses (api.Options, the one validator of options)
     130  interrupted (Ctrl-C)
+    141  stdout closed by its reader (`nanoasr a.wav b.wav | head -1`): the command stops at its next
+         write, quietly, with the status of a process that SIGPIPE ends
 """
 from __future__ import annotations
 
@@ -28,12 +30,13 @@ import argparse
 import importlib
 import logging
 import math
+import os
 import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
 COMMANDS = ("models", "doctor", "convert", "serve", "batch", "stream")  # any other first word: an input
 LIBRARY = Path(__file__).resolve().parents[1]  # nanoasr/: where the warnings shown as the library's come from
 
@@ -50,6 +53,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("nanoasr: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return EXIT_BROKEN_PIPE
+
+
+def _stdout_to_devnull() -> None:
+    """Python flushes stdout once more at exit: into the closed pipe that would raise again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a stand-in without a descriptor (a test's capture)
+        return
+    os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
 
 
 def error(prog: str, message) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from nanoasr.cli import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, one_line, positive,
                          transcribe)
-from nanoasr.errors import OptionError
+from nanoasr.errors import ModelError, OptionError
 from nanoasr.untrusted import load_json
 from nanoasr.writers import json_text, write_whole
 
@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=None,
                        help="as the main command's --model; a local path must exist on every Ray node "
-                            "(default: the official safetensors package at its pinned revision)")
+                            "(default: $NANOASR_MODEL or the config file's model, else the official "
+                            "safetensors package at its pinned revision)")
     model.add_argument("--llm", default=None, metavar="QWEN3.gguf",
                        help="the decoder GGUF when --model is the encoder GGUF of FunASR's llama.cpp runtime")
     ray = parser.add_argument_group("ray")
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_duration_option(output, "each with its error")
     output.add_argument("-v", "--verbose", action="store_true", help="a line for each input done")
     output.add_argument("-q", "--quiet", action="store_true",
-                        help="no Ray progress bars or Ray Data logs, and no closing summary line")
+                        help="no Ray progress bars, Ray logs or workers' output, and no closing summary line")
     return parser
 
 
@@ -83,10 +84,14 @@ def main(argv: list[str]) -> int:
     if args.max_line_count and not args.max_line_width:
         parser.error("--max-line-count needs --max-line-width (lines break at that width)")
     try:
+        transcribe.check_language(args.model, args.language)
         options = transcribe.transcribe_options(args, parser)
     except OptionError as exc:
         error(PROG, exc)
         return EXIT_USAGE
+    except ModelError as exc:  # the default model's setting cannot be read
+        error(PROG, exc)
+        return EXIT_FAILED
     options["max_duration_s"] = args.max_duration
     found, failures = transcribe.expand_inputs(args, parser)
     items = {}
@@ -190,10 +195,13 @@ def _transcripts(args, paths: list[str], options: dict):
     ray = require_ray()
     address = args.ray_address or os.environ.get("RAY_ADDRESS")
     where = dict(address=address) if address else dict(address="local", include_dashboard=False)
-    init_ray(logging_level=logging.WARNING, **where)
+    if args.quiet:  # failures still come back, as the rows' errors: every other line Ray has is noise here
+        init_ray(logging_level=logging.ERROR, log_to_driver=False, **where)
+        for name in ("ray", "ray.data"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    else:
+        init_ray(logging_level=logging.WARNING, **where)
     ray.data.DataContext.get_current().enable_progress_bars = not args.quiet
-    if args.quiet:
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
     # The reads take no CPU: the actors may hold every CPU, and Ray starts them before any read task. One
     # block per file: a block is what an actor hands back whole, and what a lost actor's retry does again.
     # As many reads at a time as actors: enough to keep them fed, without a Ray worker process for each file.

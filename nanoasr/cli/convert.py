@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from nanoasr.cli import EXIT_FAILED, EXIT_OK, error, library_warnings
+from nanoasr.cli import EXIT_FAILED, EXIT_OK, error, library_warnings, transcribe
 from nanoasr.errors import NanoasrError
 
 PROG = "nanoasr convert"
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     from nanoasr.convert import TARGETS
 
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=transcribe._HelpFormatter)
     parser.add_argument("source",
                         help="checkpoint directory, .gguf or FunASR model.pt file, "
                              "or hub id org/name[@revision]")

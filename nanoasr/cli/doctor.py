@@ -152,10 +152,29 @@ def model(value: str | None) -> dict:
     except NanoasrError as exc:
         return {"requested": value, "resolved": False, "error": str(exc)}
     package = resolved.package
+    license, quant = (package.license, package.quant) if package else (None, None)
+    if resolved.format == "gguf" and (license is None or quant is None):
+        license, quant = _gguf_license_and_quant(resolved.path, license, quant)
     return {"requested": value, "resolved": True, "path": str(resolved.path), "repo": resolved.repo,
             "revision": resolved.revision, "format": resolved.format,
-            "package": package.name if package else None,
-            "license": package.license if package else None, "quant": package.quant if package else None}
+            "package": package.name if package else None, "license": license, "quant": quant}
+
+
+def _gguf_license_and_quant(path, license, quant) -> tuple:
+    """What a GGUF file's own keys say (general.license, general.file_type) where no package says it."""
+    from gguf import LlamaFileType
+
+    from nanoasr.errors import NanoasrError
+    from nanoasr.formats.gguf_read import read_header
+
+    try:
+        values = read_header(path).values
+    except (NanoasrError, OSError):  # the model section's other fields still tell what was found
+        return license, quant
+    file_type = values.get("general.file_type")
+    if quant is None and file_type in LlamaFileType._value2member_map_:
+        quant = LlamaFileType(file_type).name.lower().removeprefix("mostly_").removeprefix("all_")
+    return license or values.get("general.license"), quant
 
 
 def report(model_value: str | None) -> dict:
@@ -181,7 +200,9 @@ def format_text(data: dict) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nanoasr doctor", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="model to look for (default: the default package)")
+    parser.add_argument("--model", default=None,
+                        help="model to look for (default: $NANOASR_MODEL or the config file's model, "
+                             "else the default package)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     data = report(args.model)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from nanoasr.cli import EXIT_FAILED, EXIT_OK, error
 from nanoasr.errors import NanoasrError
@@ -50,6 +49,13 @@ def human_size(n: int | None) -> str:
     return f"{n:.2f} GB"
 
 
+def row_size(row: dict) -> str:
+    """A package's size: exact where its files' sizes are known or here, else the recorded estimate."""
+    if row["size"] is None and row["approx_size"] is not None:
+        return "~" + human_size(row["approx_size"])
+    return human_size(row["size"])
+
+
 def cmd_list(args) -> int:
     from nanoasr import hub
 
@@ -58,7 +64,7 @@ def cmd_list(args) -> int:
         print(json.dumps(rows, indent=1, ensure_ascii=False))
         return EXIT_OK
     table = [("NAME", "FORMAT", "SIZE", "CACHED", "REPO@REVISION", "LICENSE")]
-    table += [(r["name"], r["format"], human_size(r["size"]), "yes" if r["cached"] else "no",
+    table += [(r["name"], r["format"], row_size(r), "yes" if r["cached"] else "no",
                f"{r['repo']}@{r['revision'][:12]}", r["license"]) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
     for row in table:
@@ -75,7 +81,7 @@ def cmd_info(args) -> int:
         print(json.dumps(row, indent=1, ensure_ascii=False))
         return EXIT_OK
     for key in ("name", "description", "format", "repo", "revision", "size", "license", "license_url"):
-        value = human_size(row[key]) if key == "size" else row[key]
+        value = row_size(row) if key == "size" else row[key]
         if value:
             print(f"{key + ':':<13}{value}")
     for f in row["files"]:
@@ -87,10 +93,6 @@ def cmd_info(args) -> int:
 def cmd_download(args) -> int:
     from nanoasr import hub
 
-    row = hub.info(args.name, revision=args.revision, local_dir=args.local_dir)
-    where = args.local_dir or hub.cache_dir()
-    print(f"nanoasr: {row['name']}: {row['repo']}@{row['revision']} ({human_size(row['size'])}) -> {where}",
-          file=sys.stderr)
     resolved = hub.download(args.name, revision=args.revision, local_dir=args.local_dir,
                             progress=not args.quiet)
     print(resolved.path)

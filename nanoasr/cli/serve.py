@@ -10,7 +10,7 @@ import os
 import sys
 
 from nanoasr.backend import ACTIVATIONS, DEVICES
-from nanoasr.cli import EXIT_FAILED, EXIT_OK, error, library_warnings, positive
+from nanoasr.cli import EXIT_FAILED, EXIT_OK, error, library_warnings, positive, transcribe
 from nanoasr.errors import NanoasrError
 
 PROG = "nanoasr serve"
@@ -18,9 +18,10 @@ PROG = "nanoasr serve"
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="OpenAI-compatible transcription server",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=transcribe._HelpFormatter)
     parser.add_argument("--model", default=None,
-                        help="checkpoint directory, .gguf or model.pt file, hub id or package name")
+                        help="checkpoint directory, .gguf or model.pt file, hub id or package name "
+                             "(default: $NANOASR_MODEL or the config file's model, else the default package)")
     parser.add_argument("--llm", default=None, metavar="QWEN3.gguf",
                         help="the decoder GGUF when --model is FunASR's llama.cpp encoder GGUF")
     parser.add_argument("--host", default="127.0.0.1",

@@ -6,6 +6,7 @@ the rest are still processed) or the model could not be loaded, 2 for a usage er
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from nanoasr.audio.io import DEFAULT_MAX_DURATION_S
 from nanoasr.backend import ACTIVATIONS, DEVICES
 from nanoasr.cli import (COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, one_line,
                          positive)
-from nanoasr.errors import NanoasrError, OptionError
+from nanoasr.errors import ModelError, NanoasrError, OptionError
 from nanoasr.writers import FORMATS, json_text, write_whole
 
 PROG = "nanoasr"
@@ -40,11 +41,12 @@ Exit status: 0 all inputs transcribed, 1 some failed, 2 usage error.
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Every option's help ends with its default; None and False read as 'none' and 'off'."""
+    """Every optional option's help ends with its default; None and False read as 'none' and 'off'."""
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default:" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+        if ("default:" in text or action.default is argparse.SUPPRESS or not action.option_strings
+                or action.required):
             return text
         default = action.default
         if default is None or default == []:
@@ -69,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=None,
                        help="checkpoint directory, .gguf or FunASR model.pt file, hub id "
-                            "org/repo[@revision], or package name (default: the official safetensors package "
-                            "at its pinned revision)")
+                            "org/repo[@revision], or package name (default: $NANOASR_MODEL or the config "
+                            "file's model, else the official safetensors package at its pinned revision)")
     model.add_argument("--llm", default=None, metavar="QWEN3.gguf",
                        help="the decoder GGUF (a llama.cpp qwen3 file) when --model is the encoder GGUF of "
                             "FunASR's llama.cpp runtime")
@@ -312,14 +314,23 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     formats = check_usage(args, parser)
     try:
+        check_language(args.model, args.language)
         options = transcribe_options(args, parser)
     except OptionError as exc:
         error(PROG, exc)
         return EXIT_USAGE
-    items, failures = expand_inputs(args, parser)
+    except ModelError as exc:  # the default model's setting cannot be read
+        error(PROG, exc)
+        return EXIT_FAILED
+    found, failures = expand_inputs(args, parser)
+    items = [item for item in found if not _missing(item, failures)]
     out_dir = Path(args.output_dir) if args.output_dir is not None else None
     if out_dir is not None:
         check_collisions(items, out_dir, parser)
+        problem = output_dir_problem(out_dir)
+        if problem is not None:
+            error(PROG, problem)
+            return EXIT_FAILED
     progress = Progress(sys.stderr, bar=sys.stderr.isatty() and not args.quiet, verbose=args.verbose)
     for line in failures:
         progress.error(line)
@@ -328,6 +339,47 @@ def main(argv: list[str]) -> int:
             return _run(args, items, formats, options, out_dir, progress, failed=len(failures))
         finally:
             progress.clear()  # also when interrupted: the interruption's line starts on a clean line
+
+
+def check_language(model, language: str | None) -> None:
+    """OptionError for a language unknown, or unknown to the model's variant where its package or name tells
+    it: said before any model is loaded or downloaded."""
+    if language is None:
+        return
+    from nanoasr import hub
+    from nanoasr.model.prompt import VARIANT_LANGUAGES, language_code
+
+    language_code(language, VARIANT_LANGUAGES.get(hub.variant_of(model)))
+
+
+def _missing(item: Item, failures: list[str]) -> bool:
+    """Whether an input file is absent or unreadable, its line added to `failures`: found before the model
+    loads, so a run of such inputs alone neither loads nor downloads one."""
+    if not isinstance(item.source, str):
+        return False
+    problem = input_problem(item.source)
+    if problem is not None:
+        failures.append(f"{item.label}: {problem}")
+    return problem is not None
+
+
+def input_problem(path: str) -> str | None:
+    if not os.path.exists(path):
+        return "no such file"
+    if not os.access(path, os.R_OK):
+        return "not readable (permission denied)"
+    return None
+
+
+def output_dir_problem(out_dir: Path) -> str | None:
+    """Why -o DIR cannot take the files, found before any work: it cannot be created, or not written in."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"-o {out_dir}: cannot create the folder ({exc.strerror or exc})"
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        return f"-o {out_dir}: the folder is not writable"
+    return None
 
 
 def check_usage(args, parser) -> tuple[str, ...]:
@@ -372,6 +424,9 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
         model = Model.load(args.model, device=args.device, threads=args.threads, llm=args.llm,
                            activations=args.activations, huge_pages=args.huge_pages)
         model.check_options(args.language, args.word_timestamps)  # said once, not for every input
+    except OptionError as exc:  # a usage error, as when the variant is known before the load
+        progress.error(exc)
+        return EXIT_USAGE
     except NanoasrError as exc:
         progress.error(exc)
         return EXIT_FAILED
@@ -385,6 +440,8 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
             continue
         try:
             _emit(transcript, item, formats, out_dir, progress, (args.max_line_width, args.max_line_count))
+        except BrokenPipeError:  # stdout's reader is gone: nothing more to do (nanoasr.cli)
+            raise
         except (OSError, UnicodeError) as exc:  # each file is whole or absent: none is taken for done
             progress.error(f"cannot write its output: {exc}")
             failed += 1

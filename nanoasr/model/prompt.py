@@ -5,6 +5,7 @@ call (a Template); each segment fills its audio slot.
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,13 +53,21 @@ def language_code(language: str | None, trained: tuple[str, ...] | None = None) 
     if language is None or language.strip().lower() in ("", "auto"):
         return None
     code = LANGUAGE_ALIASES.get(language.strip().lower())
+    known = tuple(LANGUAGES) if trained is None else trained
     if code is None:
-        raise OptionError(f"unknown language {language!r}; accepted: ISO codes, English or Chinese names of "
-                          f"{', '.join(LANGUAGES)}, or auto", "language")
-    if trained is not None and code not in trained:
-        raise OptionError(f"language {language!r} ({code}): the loaded model was not trained for it; its "
+        raise OptionError(f"unknown language {language!r}{_did_you_mean(language, known)}; accepted: ISO "
+                          f"codes, English or Chinese names of {', '.join(known)}, or auto", "language")
+    if code not in known:
+        raise OptionError(f"language {language!r} ({code}): the model was not trained for it; its "
                           f"languages are {', '.join(trained)} (Fun-ASR-MLT-Nano-2512 has 31)", "language")
     return code
+
+
+def _did_you_mean(language: str, known: tuple[str, ...]) -> str:
+    """' (did you mean 'english'?)' for a misspelt name of one of the `known` languages; else ''."""
+    names = [alias for alias, code in LANGUAGE_ALIASES.items() if code in known]
+    close = difflib.get_close_matches(language.strip().lower(), names, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def instruction(language=None, itn=True, hotwords=(), context=None) -> str:
