@@ -13,7 +13,6 @@ import logging
 import os
 import pty
 import re
-import shlex
 import subprocess
 import sys
 import warnings
@@ -431,42 +430,16 @@ def test_progress_bar_on_a_terminal(audio, tiny_dir):
     assert len(lines(done.stdout)) == 2
 
 
-# --- the README's commands, with the tiny checkpoint in place of the official one ------------------------
+# --- the README's library example, with the tiny checkpoint in place of the official one -----------------
+# (tests/test_docs.py runs the README's shell commands)
 
-def readme_blocks(language: str) -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    tour = text[text.index("## 30-second tour"):]
-    tour = tour[:tour.index("\n## ", 1)]
-    return re.findall(rf"```{language}\n(.*?)```", tour, re.S)
-
-
-def test_readme_tour_commands(tiny_dir, tmp_path):
-    (tmp_path / "recordings" / "day2").mkdir(parents=True)
+def test_readme_library_example(tiny_dir, tmp_path):
     soundfile.write(tmp_path / "meeting.mp3", speech_like(4.0, seed=31), SR)
-    soundfile.write(tmp_path / "talk.wav", speech_like(3.0, seed=32), SR)
-    soundfile.write(tmp_path / "call.wav", speech_like(2.0, seed=33), SR)
-    soundfile.write(tmp_path / "recordings" / "a.wav", speech_like(2.0, seed=34), SR)
-    soundfile.write(tmp_path / "recordings" / "day2" / "b.flac", speech_like(2.0, seed=35), SR)
-    (shell,) = readme_blocks("sh")
-    commands = [line.split("#")[0].strip() for line in shell.splitlines() if line.strip()]
-    assert len(commands) >= 5
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    for command in commands:
-        words = shlex.split(command.split("|")[-1])
-        assert words[:3] == ["python", "-m", "nanoasr"], command
-        subcommand = len(words) > 3 and words[3] in cli.COMMANDS
-        extra = "" if subcommand or "--help" in words else f" --model {shlex.quote(str(tiny_dir))}"
-        line = command.replace("python -m nanoasr", f"{shlex.quote(sys.executable)} -m nanoasr{extra}")
-        done = subprocess.run(line, shell=True, cwd=tmp_path, env=env, capture_output=True, timeout=300)
-        assert done.returncode == 0, (command, done.stderr.decode())
-        assert done.stdout.strip(), command
-    assert (tmp_path / "subs" / "talk.srt").is_file()
-    assert {p.name for p in (tmp_path / "out").rglob("*.*")} == {
-        f"{s}.{f}" for s in "ab" for f in ("txt", "json", "srt", "vtt", "tsv")}
-
-    (python,) = readme_blocks("python")
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    (python,) = re.findall(r"```python\n(.*?)```", text, re.S)
     assert "nanoasr.load_model()" in python
     code = python.replace("nanoasr.load_model()", f"nanoasr.load_model({str(tiny_dir)!r})")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr.decode()
