@@ -1,9 +1,9 @@
-"""tools/bench_realtime.py's bookkeeping: the clip's speech times and the figures made of event arrival
+"""tools/bench/bench_realtime.py's bookkeeping: the clip's speech times and the figures made of event arrival
 times. No timing is judged here."""
 import numpy as np
 import pytest
 
-from tools import bench_realtime as bench
+from tools.bench import bench_realtime as bench
 
 
 def test_clip_truth_marks_the_loud_stretches():

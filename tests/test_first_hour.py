@@ -17,7 +17,7 @@ from nanoasr import cli, hub
 from nanoasr.cli import doctor
 from nanoasr.errors import ModelError
 from nanoasr.transcript import Segment, Transcript
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 fake_hub, hf_env = test_hub.fake_hub, test_hub.hf_env  # bound here, however pytest collects test_hub
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +179,7 @@ def test_doctor_does_not_claim_offline_mode(hf_env, fake_hub, capsys):
 
 def test_doctor_reads_a_gguf_files_quant_and_license(tiny_dir, tmp_path):
     from nanoasr import convert
-    from nanoasr.model.load import load_checkpoint
+    from nanoasr.checkpoints.load import load_checkpoint
 
     path = tmp_path / "q8.gguf"
     convert.write(path, load_checkpoint(tiny_dir), "q8_0", report=False, progress=None)

@@ -12,7 +12,7 @@ from nanoasr.errors import AudioError, ModelError, OptionError
 from nanoasr.realtime import (MAX_UTTERANCE_S, Committed, Completed, Delta, Failed, Limits, LiveSession,
                               SpeechStarted, SpeechStopped, TurnDetection)
 from nanoasr.transcript import Segment, Transcript
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 SR = 16000
 FAST = Options(max_new_tokens=6)  # the tiny model never stops on its own: a short budget keeps tests quick

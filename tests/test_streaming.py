@@ -12,7 +12,7 @@ from nanoasr.api import settled_text
 from nanoasr.model import decoder
 from nanoasr.model.generate import loop_start, settled_length
 from nanoasr.transcript import Segment
-from tools.synth import speech_like
+from tools.lib.synth import speech_like
 
 
 def wav(seconds: float, seed: int) -> bytes:

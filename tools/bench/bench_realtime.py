@@ -1,9 +1,9 @@
 """Live transcription under load: N simulated speakers stream synthesized speech at real-time pace to
 `/v1/realtime?intent=transcription` over loopback, and each event's arrival is timed.
 
-    python tools/bench_realtime.py --model MODEL [--sessions 1,2,4] [--seconds 30] [--threads 2]
+    python tools/bench/bench_realtime.py --model MODEL [--sessions 1,2,4] [--seconds 30] [--threads 2]
                                    [--silence-ms 500] [--max-latency 1.2] [--json out.json]
-    python tools/bench_realtime.py --url ws://127.0.0.1:8000 --api-key KEY ...   (a server already running)
+    python tools/bench/bench_realtime.py --url ws://127.0.0.1:8000 --api-key KEY ...   (a server already running)
 
 Each speaker sends its own clip (utterances of 2-6 s with speech-like pauses inside, 3 s of silence after
 each, so the server's VAD ends each one) as 24 kHz PCM16 in 40 ms appends, paced by the clock, with
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tools.synth import speech_like  # noqa: E402
+from tools.lib.synth import speech_like  # noqa: E402
 
 SR, WIRE_RATE = 16000, 24000
 APPEND_S = 0.04
