@@ -6,7 +6,8 @@ without blocking, checks the open descriptor is a regular file of at most `cap` 
 `read_capped` reads a stream (a pipe, stdin) in chunks and stops once it holds more than `cap` bytes.
 Both raise `ReadRefused` (a ValueError), whose message says what the file is or how large; callers turn it
 into their own error (AudioError, ModelError) with the file's name in front. `load_json` is json.loads with
-every way hostile JSON fails a ValueError, so one `except ValueError` is enough.
+every way hostile JSON fails a ValueError, so one `except ValueError` is enough. `short` shows a value read
+from such a file in a message: never more than a line, however large or deep the value is.
 
 A leaf: it imports nothing from nanoasr, so the audio reader, the model loaders and the hub can share it.
 """
@@ -14,9 +15,17 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 import stat
 
 CHUNK = 1 << 20  # bytes read from a stream at once
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlong, _REPR.maxstring, _REPR.maxother = 3, 40, 60, 60
+
+
+def short(value) -> str:
+    """repr(value) cut to a line: depth, items and long integers elided (reprlib)."""
+    return _REPR.repr(value)
 
 
 class ReadRefused(ValueError):
@@ -44,22 +53,30 @@ def not_regular(path) -> str | None:
     return None if stat.S_ISREG(mode) else f"is {kind_of(mode)}, not a regular file"
 
 
-def read_regular(path, cap: int) -> bytes:
-    """The bytes of the regular file at `path`, at most `cap` of them; ReadRefused for anything else.
+def open_regular(path):
+    """`path` opened for binary reading when it is a regular file; ReadRefused for anything else.
 
     The file is opened without blocking (a FIFO put there after any earlier check opens at once instead of
     waiting for a writer) and without becoming a controlling terminal, and its open descriptor is checked,
-    so what is read is what was checked. OSError when it cannot be opened or read."""
+    so what is read is what was checked. OSError when it cannot be opened."""
     flags = os.O_RDONLY
     for name in ("O_NONBLOCK", "O_NOCTTY", "O_BINARY"):  # where the system has them
         flags |= getattr(os, name, 0)
     fd = os.open(path, flags)
-    with open(fd, "rb", buffering=0, closefd=True) as file:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ReadRefused(f"is {kind_of(info.st_mode)}, not a regular file")
-        if info.st_size > cap:
-            raise ReadRefused(f"is {info.st_size} bytes, more than the {_size(cap)} it may be")
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ReadRefused(f"is {kind_of(mode)}, not a regular file")
+    return open(fd, "rb", buffering=0, closefd=True)
+
+
+def read_regular(path, cap: int) -> bytes:
+    """The bytes of the regular file at `path`, at most `cap` of them; ReadRefused for anything else (see
+    open_regular). OSError when it cannot be opened or read."""
+    with open_regular(path) as file:
+        size = os.fstat(file.fileno()).st_size
+        if size > cap:
+            raise ReadRefused(f"is {size} bytes, more than the {_size(cap)} it may be")
         return read_capped(file, cap)
 
 

@@ -11,9 +11,9 @@ from nanoasr.checkpoints.ctc_vocab import CtcVocabulary
 from nanoasr.checkpoints.layouts import funasr_transformer_name
 from nanoasr.checkpoints.shapes import layer_count
 from nanoasr.errors import ModelError
-from nanoasr.formats import bounds
 from nanoasr.model.ctc import P, CtcConfig
 from nanoasr.tensor import StoredTensor
+from nanoasr.untrusted import short
 
 VOCAB_FILE = "multilingual.tiktoken"
 HOLDERS = ("only the ModelScope copy of FunAudioLLM/Fun-ASR-Nano-2512's model.pt has it (with "
@@ -53,7 +53,7 @@ def expected_tensors(cfg: CtcConfig) -> dict[str, tuple[int, ...]]:
 def _yaml_int(section: dict, key: str, default: int, where: str) -> int:
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ModelError(f"{where}: {key} must be an integer, found {bounds.short(value)}")
+        raise ModelError(f"{where}: {key} must be an integer, found {short(value)}")
     return value
 
 

@@ -3,27 +3,19 @@
 A count, an index in a name or a dimension read from a file can be any size; each is held here to what the
 file itself can hold (its byte size, its tensor count) or to what the format allows, before a table, a
 product or an array is made from it. Files are opened only when they are regular files, and read up to a
-limit, so a FIFO or a device never hangs or fills memory. Messages show values through `short`, which
-never prints more than a line however large or deep the value is.
+limit (nanoasr.untrusted does the reading), so a FIFO or a device never hangs or fills memory. Messages
+show values through untrusted.short, which never prints more than a line however large or deep the value is.
 """
 from __future__ import annotations
 
 import os
-import reprlib
 import stat
 from pathlib import Path
-from typing import BinaryIO
 
 from nanoasr.errors import ModelError
+from nanoasr.untrusted import ReadRefused, kind_of, read_regular, short
 
 MAX_RANK = 8  # dimensions of a tensor: no weight has more than GGUF's 4; far fewer than a hostile file states
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxlong, _REPR.maxstring, _REPR.maxother = 3, 40, 60, 60
-
-
-def short(value) -> str:
-    """repr(value) cut to a line: depth, items and long integers elided (reprlib)."""
-    return _REPR.repr(value)
 
 
 def count(value: int, limit: int, what: str, where: str) -> int:
@@ -50,30 +42,16 @@ def dims(shape: tuple, max_rank: int, limit: int, what: str, where: str) -> tupl
     return shape
 
 
-def open_regular(path: Path) -> BinaryIO:
-    """`path` opened for reading when it is a regular file. It is opened without blocking and checked on the
-    open descriptor, so a FIFO or a device is refused (OSError) rather than waited on or read without end."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = IsADirectoryError if stat.S_ISDIR(mode) else OSError
-        raise kind(f"{path} is not a regular file (a FIFO, a device or a directory)")
-    return os.fdopen(fd, "rb")
-
-
 def read_file(path: Path, limit: int, what: str) -> bytes:
     """The bytes of a regular file of at most `limit` bytes."""
     try:
-        with open_regular(path) as f:
-            data = f.read(limit + 1)
+        return read_regular(path, limit)
     except FileNotFoundError:
         raise ModelError(f"{path}: {what} not found") from None
+    except ReadRefused as exc:
+        raise ModelError(f"{path}: {what} cannot be read (it {exc})") from None
     except OSError as exc:
         raise ModelError(f"{path}: {what} cannot be read ({exc})") from None
-    if len(data) > limit:
-        raise ModelError(f"{path}: {what} is more than the {limit} bytes expected")
-    return data
 
 
 def regular_file(path: Path, what: str) -> Path:
@@ -86,6 +64,5 @@ def regular_file(path: Path, what: str) -> Path:
     except OSError as exc:
         raise ModelError(f"{path}: {what} cannot be read ({exc})") from None
     if not stat.S_ISREG(mode):
-        raise ModelError(f"{path}: {what} cannot be read (not a regular file: a FIFO, a device or a "
-                         f"directory)")
+        raise ModelError(f"{path}: {what} cannot be read (it is {kind_of(mode)}, not a regular file)")
     return path

@@ -6,8 +6,8 @@ import json
 from gguf import GGUFWriter, Keys, TokenType
 
 from nanoasr.errors import ModelError
-from nanoasr.formats import bounds
 from nanoasr.formats.gguf_read import NumericArray
+from nanoasr.untrusted import short
 
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                r"\s*[\r\n]+|\s+(?!\S)|\s+")  # the Qwen2 pre-tokenizer pattern (tokenizer.ggml.pre = "qwen2")
@@ -97,7 +97,7 @@ def tokenizer_files(values: dict, files: dict[str, str], where: str) -> dict[str
     for key, array, kind in zip(keys, (tokens, types, merges), (str, int, str)):
         if not isinstance(array, list) or not all(isinstance(item, kind) for item in array):
             raise ModelError(f"{where}: {key} must be an array of {kind.__name__}, "
-                             f"found {bounds.short(array)}")
+                             f"found {short(array)}")
     if len(types) != len(tokens):
         raise ModelError(f"{where}: {Keys.Tokenizer.TOKEN_TYPE} has {len(types)} entries, expected one per "
                          f"token ({len(tokens)})")

@@ -17,6 +17,7 @@ from nanoasr.formats import bounds
 from nanoasr.formats.mapping import map_read_only
 from nanoasr.storage import DENSE_NUMPY
 from nanoasr.tensor import StoredTensor
+from nanoasr.untrusted import ReadRefused, open_regular
 
 DTYPES = {name: (DENSE_NUMPY[name.lower()], name.lower()) for name in ("F32", "F16", "BF16")}
 MAX_HEADER_BYTES = 100 << 20
@@ -25,7 +26,7 @@ MAX_HEADER_BYTES = 100 << 20
 def read_header(path: Path) -> tuple[dict, int]:
     """(header dict, offset of the data section)."""
     try:
-        with bounds.open_regular(path) as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
@@ -34,7 +35,7 @@ def read_header(path: Path) -> tuple[dict, int]:
             if n > min(size - 8, MAX_HEADER_BYTES):
                 raise ModelError(f"{path}: safetensors header claims {n} bytes but the file has {size}")
             raw = f.read(n)
-    except OSError as exc:  # a directory, no permission
+    except (OSError, ReadRefused) as exc:  # a directory, a FIFO, no permission
         raise ModelError(f"{path}: cannot be read as a safetensors file ({exc})") from None
     try:
         header = json.loads(raw)
@@ -92,7 +93,7 @@ def read(path: str | Path) -> dict[str, StoredTensor]:
 
 def _weight_map(index: Path) -> dict[str, str]:
     try:
-        with bounds.open_regular(index) as f:
+        with open_regular(index) as f:
             parsed = json.loads(f.read(MAX_HEADER_BYTES + 1))  # a longer file is cut short: invalid JSON
     except (OSError, ValueError, RecursionError) as exc:
         raise ModelError(f"{index}: not a valid safetensors index ({type(exc).__name__}: {exc})") from None

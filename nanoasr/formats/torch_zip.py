@@ -28,6 +28,7 @@ from nanoasr.errors import ModelError
 from nanoasr.formats import bounds
 from nanoasr.formats.mapping import map_read_only
 from nanoasr.tensor import StoredTensor
+from nanoasr.untrusted import short
 
 # torch's storage classes -> (numpy dtype of the bytes, StoredTensor type; None for integer/bool buffers).
 STORAGE_TYPES = {
@@ -104,7 +105,7 @@ class _StateDictUnpickler(pickle.Unpickler):
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
                 and isinstance(pid[1], StorageKind) and isinstance(pid[2], str) and _is_count(pid[4])):
-            raise ModelError(f"{self.where}: data.pkl has a persistent id {bounds.short(pid)}; expected "
+            raise ModelError(f"{self.where}: data.pkl has a persistent id {short(pid)}; expected "
                              f"('storage', torch.<Type>Storage, key, location, numel)")
         return StorageRef(pid[1], pid[2], pid[4])
 
@@ -175,7 +176,7 @@ class _Depths:
             return
         key = len(self.memo) if name == "MEMOIZE" else arg
         if key > len(self.memo):  # picklers number the memo 0, 1, 2, ...: a larger index only sizes a table
-            raise ValueError(f"memo index {bounds.short(key)} skips past the {len(self.memo)} entries "
+            raise ValueError(f"memo index {short(key)} skips past the {len(self.memo)} entries "
                              f"written")
         self.memo[key] = self.stack[-1] if len(self.stack) > (self.marks[-1] if self.marks else 0) else 0
 
@@ -249,7 +250,7 @@ def unwrap(obj, path: Path) -> dict:
     for key, value in obj.items():
         name = key[len("module."):] if isinstance(key, str) and key.startswith("module.") else key
         if not isinstance(name, str) or not isinstance(value, TensorRef):
-            raise ModelError(f"{path}: state dict entry {bounds.short(key)} is a {type(value).__name__}, "
+            raise ModelError(f"{path}: state dict entry {short(key)} is a {type(value).__name__}, "
                              f"expected a tensor under a string name")
         if name in out:
             raise ModelError(f"{path}: state dict holds {name} twice (with and without 'module.')")
@@ -294,7 +295,7 @@ def _check_ref(ref: TensorRef, name: str, path: Path, file_size: int) -> None:
             and isinstance(ref.stride, tuple) and len(ref.stride) == len(ref.shape)
             and all(map(_is_count, ref.stride))):
         raise ModelError(f"{path}: tensor {name}: expected a storage, a non-negative offset and matching "
-                         f"size and stride tuples, found {bounds.short(tuple(ref))}")
+                         f"size and stride tuples, found {short(tuple(ref))}")
     bounds.count(len(ref.shape), bounds.MAX_RANK, f"tensor {name}: the number of dimensions", str(path))
     count = math.prod(ref.shape)
     extent = ref.offset + sum((n - 1) * s for n, s in zip(ref.shape, ref.stride)) + 1

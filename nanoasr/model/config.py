@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from nanoasr.errors import ModelError
-from nanoasr.formats import bounds
+from nanoasr.untrusted import short
 
 ACTIVATIONS = ("relu",)  # the audio encoder and adaptor
 TEXT_ACTIVATIONS = ("silu",)  # SwiGLU in the Qwen3 decoder
@@ -105,7 +105,7 @@ SECTIONS = (("audio", AudioConfig), ("adaptor", AdaptorConfig), ("text", TextCon
 def _number(value, where: str, key: str) -> float:
     """A JSON/GGUF number as float; bools and non-numbers are errors, huge integers become inf."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ModelError(f"{where}: {key} must be a number, found {bounds.short(value)}")
+        raise ModelError(f"{where}: {key} must be a number, found {short(value)}")
     try:
         return float(value)
     except OverflowError:
@@ -123,7 +123,7 @@ def _pick(cls, raw: dict, where: str, **renamed):
             if expected is float:
                 value = _number(value, where, key)
             if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-                raise ModelError(f"{where}: {key} must be {expected.__name__}, found {bounds.short(value)}")
+                raise ModelError(f"{where}: {key} must be {expected.__name__}, found {short(value)}")
             values[f.name] = value
     return cls(**values)
 
@@ -132,14 +132,14 @@ def _rope_theta(text: dict, where: str) -> float:
     key = "rope_parameters" if text.get("rope_parameters") else "rope_scaling"
     params = text.get(key) or {}
     if not isinstance(params, dict):
-        raise ModelError(f"{where}: text_config.{key} must be an object, found {bounds.short(params)}")
+        raise ModelError(f"{where}: text_config.{key} must be an object, found {short(params)}")
     theta = text.get("rope_theta")
     if theta is None:  # absent or null at the top of text_config: the rope_parameters spelling
         theta = params.get("rope_theta")
     if theta is None:
         raise ModelError(f"{where}: text_config has neither rope_theta nor rope_parameters.rope_theta")
     if params.get("rope_type", "default") != "default":
-        raise ModelError(f"{where}: rope_type {bounds.short(params['rope_type'])} is not supported "
+        raise ModelError(f"{where}: rope_type {short(params['rope_type'])} is not supported "
                          f"(expected 'default')")
     return _number(theta, where, "text_config.rope_theta")
 
@@ -182,7 +182,7 @@ def from_dict(raw: dict, where: str = "config.json") -> Config:
     text = dataclasses.replace(text, rope_theta=_rope_theta(text_raw, where))
     tie = raw.get("tie_word_embeddings", text_raw.get("tie_word_embeddings", True))
     if not isinstance(tie, bool):
-        raise ModelError(f"{where}: tie_word_embeddings must be true or false, found {bounds.short(tie)}")
+        raise ModelError(f"{where}: tie_word_embeddings must be true or false, found {short(tie)}")
     text = dataclasses.replace(text, tie_word_embeddings=tie)
     config = Config(audio, adaptor, text, raw.get("audio_token_id", Config.audio_token_id))
     check(config, where)
@@ -197,14 +197,14 @@ def check(config: Config, where: str) -> None:
     a, p, t = config.audio, config.adaptor, config.text
     rules = [
         (a.hidden_act in ACTIVATIONS,
-         f"audio_config.hidden_act must be one of {ACTIVATIONS}, found {bounds.short(a.hidden_act)}"),
+         f"audio_config.hidden_act must be one of {ACTIVATIONS}, found {short(a.hidden_act)}"),
         (p.hidden_act in ACTIVATIONS,
-         f"adaptor_config.hidden_act must be one of {ACTIVATIONS}, found {bounds.short(p.hidden_act)}"),
+         f"adaptor_config.hidden_act must be one of {ACTIVATIONS}, found {short(p.hidden_act)}"),
         (p.projector_hidden_act in ACTIVATIONS,
          f"adaptor_config.projector_hidden_act must be one of {ACTIVATIONS}, "
-         f"found {bounds.short(p.projector_hidden_act)}"),
+         f"found {short(p.projector_hidden_act)}"),
         (t.hidden_act in TEXT_ACTIVATIONS,
-         f"text_config.hidden_act must be 'silu', found {bounds.short(t.hidden_act)}"),
+         f"text_config.hidden_act must be 'silu', found {short(t.hidden_act)}"),
         (t.tie_word_embeddings,
          "tie_word_embeddings must be true (Fun-ASR-Nano ties the LM head to the embeddings)"),
         (a.hidden_size % a.num_attention_heads == 0,
@@ -238,8 +238,8 @@ def _range_errors(config: Config):
             value = getattr(values, f.name)
             expected = type(f.default)
             if expected is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                yield f"{section}.{f.name} must be a positive integer, found {bounds.short(value)}"
+                yield f"{section}.{f.name} must be a positive integer, found {short(value)}"
             if expected is float and (not isinstance(value, float) or not math.isfinite(value) or value <= 0):
-                yield f"{section}.{f.name} must be a positive finite number, found {bounds.short(value)}"
+                yield f"{section}.{f.name} must be a positive finite number, found {short(value)}"
     if isinstance(config.audio_token_id, bool) or not isinstance(config.audio_token_id, int):
-        yield f"audio_token_id must be an integer token id, found {bounds.short(config.audio_token_id)}"
+        yield f"audio_token_id must be an integer token id, found {short(config.audio_token_id)}"

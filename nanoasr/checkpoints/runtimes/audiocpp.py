@@ -9,9 +9,9 @@ stored under `_audiocpp.<i>`), and the checkpoint's text files are embedded as o
 from __future__ import annotations
 
 from nanoasr.errors import ModelError
-from nanoasr.formats import bounds
 from nanoasr.formats.gguf_read import NumericArray
 from nanoasr.tensor import StoredTensor
+from nanoasr.untrusted import short
 
 ARCH = "audiocpp"
 FAMILY = "fun_asr_nano"
@@ -55,8 +55,8 @@ def embedded_files(values: dict, where: str) -> dict[str, str]:
     if not (isinstance(names, list) and _integers(offsets) and _integers(data)
             and data.array.dtype.itemsize == 1):
         raise ModelError(f"{where}: audiocpp.embedded_files: expected a list of names, an integer array of "
-                         f"offsets and a byte array of data, found {bounds.short(names)}, "
-                         f"{bounds.short(offsets)} and {bounds.short(data)}")
+                         f"offsets and a byte array of data, found {short(names)}, "
+                         f"{short(offsets)} and {short(data)}")
     offsets = offsets.tolist()
     if (len(offsets) != len(names) + 1 or offsets[0] != 0 or offsets[-1] != len(data)
             or any(b < a for a, b in zip(offsets, offsets[1:]))):

@@ -12,10 +12,11 @@ from nanoasr.checkpoints.checkpoint import TEXT_FILES, Checkpoint, read_json, re
 from nanoasr.checkpoints.layouts import to_logical
 from nanoasr.checkpoints.shapes import config_from_shapes, layer_count
 from nanoasr.errors import ModelError
-from nanoasr.formats import bounds, torch_zip
+from nanoasr.formats import torch_zip
 from nanoasr.model import config as config_mod
 from nanoasr.model.config import Config
 from nanoasr.tensor import StoredTensor
+from nanoasr.untrusted import short
 
 QWEN_FOLDER = "Qwen3-0.6B"  # config.yaml's llm_conf.init_param_path: the decoder's config and tokenizer
 QWEN_FILES = tuple(n for n in TEXT_FILES if n != "config.json")  # Qwen's config.json is the decoder's alone
@@ -65,7 +66,7 @@ def _read_yaml(path: Path) -> dict | None:
         raw = yaml.load(text, Loader=_yaml_loader(yaml))
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: a number of 5,000 digits
         raise ModelError(f"{path}: config.yaml is not valid YAML ({type(exc).__name__}: "
-                         f"{bounds.short(str(exc))})") from None
+                         f"{short(str(exc))})") from None
     if not isinstance(raw, dict):
         raise ModelError(f"{path}: expected a YAML mapping, found {type(raw).__name__}")
     return raw
@@ -82,7 +83,7 @@ def _yaml_ints(raw: dict, section: str, keys: dict, path: Path) -> dict:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ModelError(f"{path}: {section}.{key} must be an integer, found {bounds.short(value)}")
+            raise ModelError(f"{path}: {section}.{key} must be an integer, found {short(value)}")
         out[field_name] = value
     return out
 
@@ -101,7 +102,7 @@ def _yaml_sections(raw: dict, path: Path) -> tuple[dict, dict]:
     low_frame_rate = (raw.get("audio_adaptor_conf") or {}).get("use_low_frame_rate", False)
     if not isinstance(low_frame_rate, bool):
         raise ModelError(f"{path}: audio_adaptor_conf.use_low_frame_rate must be true or false, "
-                         f"found {bounds.short(low_frame_rate)}")
+                         f"found {short(low_frame_rate)}")
     adaptor["use_low_frame_rate"] = low_frame_rate
     rate = adaptor.pop("downsample_rate", 1)
     if rate != 1:
