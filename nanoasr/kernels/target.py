@@ -1,7 +1,9 @@
 """The CPU features compiled kernels may use. Numba compiles for the host unless its own settings,
 NUMBA_CPU_NAME and NUMBA_CPU_FEATURES, name another target (a kernel cache shared between machines, or the
 AVX2 paths tried on an AVX-512 machine); the kernels that emit a feature's instructions, and the choice of
-product paths, ask here, so that they never emit what the compiled code's target lacks.
+product paths, ask here, so that they never emit what the compiled code's target lacks. The architecture is
+the process's (numba compiles for it): the x86 paths are chosen on x86_64 alone, and on aarch64 the features
+are LLVM's ARM names ("neon", "dotprod", "i8mm", "bf16"), which no x86 path asks for.
 """
 from __future__ import annotations
 
@@ -23,6 +25,16 @@ def features() -> dict[str, bool]:
         return host
     asked = {flag.strip()[1:] for flag in config.CPU_FEATURES.split(",") if flag.strip().startswith("+")}
     return {name: on and name in asked for name, on in host.items()}
+
+
+@cache
+def architecture() -> str:
+    """The architecture numba compiles for: the first field of the process's LLVM triple, "x86_64" or
+    "aarch64" (macOS's "arm64" named as Linux names it)."""
+    import llvmlite.binding as llvm
+
+    arch = llvm.get_process_triple().split("-")[0]
+    return "aarch64" if arch == "arm64" else arch
 
 
 class WeightPrefetch(NamedTuple):

@@ -43,7 +43,9 @@ I32X16 = ir.VectorType(I32, 16)
 @cache
 def host_path() -> str | None:
     """The integer path this CPU runs: "vnni" with AVX512-VNNI and AVX512-BW, "avx2" with AVX2, else None
-    (features of numba's target: target.py)."""
+    (features of numba's target: target.py; both paths are x86 instructions, None on any other target)."""
+    if target.architecture() != "x86_64":
+        return None
     features = target.features()
     if features.get("avx512vnni") and features.get("avx512bw"):
         return "vnni"
