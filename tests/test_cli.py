@@ -194,6 +194,7 @@ class FakeModel:
 
         assert isinstance(audio, DecodedAudio)  # decoded once, by the command, and handed over as it is
         kwargs.pop("on_segment")(Segment(0.0, 0.5, "hi", "stop"))
+        assert kwargs.pop("on_partial") is None  # partial text feeds only a progress bar on a terminal
         self.calls.append(kwargs)
         return Transcript("hi", (Segment(0.0, 0.5, "hi", "stop"),), None, audio.duration_s, {})
 
