@@ -21,6 +21,7 @@ from nanoasr.tensor import StoredTensor, take_rows, widen
 # the fused kernels; more rows (encoder, prefill) go through the int8 GEMM where the weights are marked for
 # it, else widen the matrix once and use BLAS.
 FUSED_ROWS = 8
+host.start_numba_threads()  # before any kernel's first parallel region starts numba's pool its own way
 _scratch = threading.local()
 # Elementwise kernels split their rows over numba's threads (while numba runs the products) from this many
 # values on: below it, as for a decode step's rows, a parallel launch costs more than it saves.

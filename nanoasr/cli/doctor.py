@@ -17,9 +17,10 @@ DISTRIBUTIONS = ("numpy", "numba", "llvmlite", "gguf", "safetensors", "tokenizer
                  "soundfile", "soxr", "threadpoolctl", "cupy-cuda12x", "cupy")
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avx512bf16", "amx-tile")
 PROC_FLAGS = {"avx512bf16": "avx512_bf16", "avx512vnni": "avx512_vnni", "amx-tile": "amx_tile"}
-ENVIRONMENT = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT", "MKL_NUM_THREADS",
-               "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES",
-               "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT", "HF_HUB_OFFLINE")
+ENVIRONMENT = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS",
+               "OPENBLAS_THREAD_TIMEOUT", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER",
+               "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT",
+               "HF_HUB_OFFLINE")
 SECRETS = ("HF_TOKEN",)  # reported as set or not, never shown
 
 
@@ -75,28 +76,15 @@ def numba_info() -> dict:
         import numba
     except ImportError as exc:
         return {"error": f"numba does not import: {exc}"}
-    out = {"threading_layer_requested": numba.config.THREADING_LAYER, "threads": numba.get_num_threads(),
-           "max_threads": numba.config.NUMBA_NUM_THREADS}
-    try:
-        out["threading_layer"] = _parallel_layer(numba)
+    from nanoasr.backend import host
+
+    out = {"threading_layer_requested": numba.config.THREADING_LAYER}
+    try:  # the pool as nanoasr starts it
+        out["threading_layer"], out["idle_threads"] = host.start_numba_threads()
     except Exception as exc:  # numba raises several kinds when no threading layer loads
         out["threading_layer"] = f"unavailable ({type(exc).__name__}: {exc})"
-    return out
-
-
-def _parallel_layer(numba) -> str:
-    """numba reports its threading layer only after a parallel function has run once."""
-    @numba.njit(parallel=True)
-    def total(x):
-        s = 0.0
-        for i in numba.prange(x.shape[0]):
-            s += x[i]
-        return s
-
-    import numpy as np
-
-    total(np.ones(64))
-    return numba.threading_layer()
+        return out
+    return {**out, "threads": numba.get_num_threads(), "max_threads": numba.config.NUMBA_NUM_THREADS}
 
 
 def cpu() -> dict:
