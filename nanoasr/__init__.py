@@ -6,17 +6,8 @@
 
 Importing nanoasr is light: numba kernels and CuPy load only when a model needs them.
 """
-import os
-
-# OpenBLAS's threads keep spinning for 2^28 cycles (about 0.1 s) after each call, on the cores that numba's
-# threads need next: the decode steps after a prefill's GEMMs ran slower (docs/reports/performance.md).
-# 2^20 cycles (under a millisecond) still spans the gaps between the encoder's calls. OpenBLAS reads this
-# when numpy loads it, so it holds where nanoasr is imported first (its commands are); a value already set
-# stands.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
-
-from nanoasr.errors import AudioError, AudioTooLongError, ModelError, NanoasrError, OptionError  # noqa: E402
-from nanoasr.transcript import Segment, Transcript, Word  # noqa: E402
+from nanoasr.errors import AudioError, AudioTooLongError, ModelError, NanoasrError, OptionError
+from nanoasr.transcript import Segment, Transcript, Word
 
 __version__ = "0.1.0"
 __all__ = [

@@ -130,14 +130,15 @@ class Timer:
 
 class Model:
     def __init__(self, checkpoint: Checkpoint, device: str = "cpu", threads: int | None = None,
-                 batch_size: int = BATCH_SIZE, activations: str = "exact", huge_pages: bool = False):
+                 batch_size: int = BATCH_SIZE, activations: str = "auto", huge_pages: bool = False):
         """`batch_size`: segments of one call decoded together, at most (each in its own KV-cache row);
-        `activations`: "exact" (float32 rows), "int8" (rows quantized per block against Q8_0, Q4_K and
-        Q6_K weights, as ggml does) or "bf16" (rows rounded to bf16 against BF16 weights and
-        in the encoder's and prefill's attention, on AMX tiles where the CPU has them); see
-        nanoasr.backend.ACTIVATIONS. `huge_pages`: on the CPU, read the weight matrices into a private copy in
-        2 MiB pages, from which decoding streams them faster, instead of reading them through the
-        checkpoint's file mapping (shared with other processes that load the same file, no copy), where
+        `activations`: "auto" (int8 against Q8_0/Q4_K/Q6_K where the CPU has AVX2 or AVX512-VNNI, bf16
+        against BF16 where it has AMX or AVX512-BF16, float32 elsewhere), "exact" (float32 rows), "int8"
+        (rows quantized per block against Q8_0, Q4_K and Q6_K weights, as ggml does) or "bf16" (rows rounded
+        to bf16 against BF16 weights and in the encoder's and prefill's attention, on AMX tiles where the CPU
+        has them); see nanoasr.backend.ACTIVATIONS. `huge_pages`: on the CPU, read the weight matrices into a
+        private copy in 2 MiB pages, from which decoding streams them faster, instead of reading them through
+        the checkpoint's file mapping (shared with other processes that load the same file, no copy), where
         the page cache holds the file in 4 KiB pages (nanoasr/formats/mapping.py)."""
         self.batch_size = _whole_number("batch_size", batch_size)
         if self.batch_size < 1:
@@ -151,6 +152,7 @@ class Model:
         vectors = {name for name, (_, kind) in expected_tensors(self.config).items() if kind != "matrix"}
         self.weights = self.backend.place(checkpoint.tensors, vectors)
         self._numba_products = self.backend.numba_products(self.weights)  # for thread_scope, once
+        self.plan = self.backend.plan(self.weights, threads)
         self.ctc = checkpoint.ctc
         if self.ctc is not None:
             self.ctc_weights = self.backend.place(self.ctc.tensors, ctc.vector_names(self.ctc))
@@ -158,7 +160,7 @@ class Model:
 
     @classmethod
     def load(cls, model=None, device: str = "cpu", threads: int | None = None, batch_size: int = BATCH_SIZE,
-             llm=None, activations: str = "exact", huge_pages: bool = False, **resolve_options) -> "Model":
+             llm=None, activations: str = "auto", huge_pages: bool = False, **resolve_options) -> "Model":
         """`model`: a checkpoint directory or .gguf path, a hub id `org/repo[@rev]`, or a package name;
         `llm`: the decoder GGUF when `model` is the encoder file of FunASR's llama.cpp runtime."""
         from nanoasr import hub

@@ -230,7 +230,7 @@ def test_defaults_reach_the_model(tmp_path, fake, capsys):
     soundfile.write(tmp_path / "a.wav", speech_like(1.0), SR)
     assert cli.main([str(tmp_path / "a.wav"), str(tmp_path / "a.wav"), "--itn"]) == 0
     assert fake.loads == [dict(model=None, device="cpu", threads=None, llm=None,
-                               activations="exact", huge_pages=False)]  # loaded once for all
+                               activations="auto", huge_pages=False)]  # loaded once for all
     assert fake.calls == 2 * [dict(language=None, itn=True, hotwords=(), context=None,
                                    reference="funasr", max_new_tokens=None, word_timestamps=False)]
     assert capsys.readouterr().out == "hi\nhi\n"

@@ -23,7 +23,7 @@ def built(tmp_path_factory, size, seed):
     from nanoasr.api import Model
 
     path = checkpoint.build(tmp_path_factory.mktemp(size), size, seed)
-    return path, Model.load(str(path)), dump.load_tokenizer(path)
+    return path, Model.load(str(path), activations="exact"), dump.load_tokenizer(path)
 
 
 @pytest.fixture(scope="module")

@@ -45,9 +45,9 @@ def check_types(source_dir, tmp_path, targets, seconds, tokens):
     for target in targets:
         path = tmp_path / f"model-{target}.gguf"
         convert.write(path, source, target, report=False, progress=None)
-        stored = Model.load(str(path))
+        stored = Model.load(str(path), activations="exact")
         kinds = {t.dtype for t in stored.checkpoint.tensors.values()}
-        reference = Model(widened_by_gguf(stored.checkpoint))
+        reference = Model(widened_by_gguf(stored.checkpoint), activations="exact")
         for i, s in enumerate(seconds):
             wave = speech_like(s, 60 + i)
             assert forced_ids(stored, wave, tokens) == forced_ids(reference, wave, tokens), (target, kinds, s)

@@ -424,7 +424,7 @@ def test_transcribe_passes_the_limit_on(tiny_model):
 
 
 class FakeModel:
-    def load(self, model, device, threads, llm=None, activations="exact", huge_pages=False):
+    def load(self, model, device, threads, llm=None, activations="auto", huge_pages=False):
         return self
 
     def check_options(self, language=None, word_timestamps=False):

@@ -37,7 +37,7 @@ HOSTILE_NAMES = {"newline": "new\nline", "tab": "tab\there", "not UTF-8": os.fsd
 class FakeModel:
     """Model.load and transcribe without a model: the transcript says "hi"."""
 
-    def load(self, model, device, threads, llm=None, activations="exact", huge_pages=False):
+    def load(self, model, device, threads, llm=None, activations="auto", huge_pages=False):
         return self
 
     def check_options(self, language=None, word_timestamps=False):

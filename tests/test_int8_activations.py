@@ -19,7 +19,7 @@ from tools.lib.synth import speech_like
 def tiny_q8_0(tiny_dir, tmp_path_factory):
     path = tmp_path_factory.mktemp("q8") / "tiny-q8_0.gguf"
     convert.write(path, load_checkpoint(tiny_dir), "q8_0", report=False, progress=None)
-    return Model.load(str(path))
+    return Model.load(str(path), activations="exact")
 
 
 def forced_logits(model, steps=6):
@@ -68,13 +68,14 @@ def test_int8_activations_mark_the_block_types_but_not_dense_ones():
     placed = with_activations(CPU, "int8").place(tensors, set())
     assert {k: t.activations for k, t in placed.items()} == {
         "q8_0": "int8", "q4_k": "int8", "q6_k": "int8", "bf16": "exact"}
-    assert {t.activations for t in CPU.place(tensors, set()).values()} == {"exact"}
+    exact = with_activations(CPU, "exact")
+    assert {t.activations for t in exact.place(tensors, set()).values()} == {"exact"}
     # the int8 GEMM runs the many-row products of every block kind with VNNI or AVX2: BLAS is then kept to
     # one thread
     assert CPU.numba_products(placed) == (cpu_backend.host_path() is not None)
     only_q8_0 = {"q8_0": placed["q8_0"]}
     assert CPU.numba_products(only_q8_0) == (cpu_backend.host_path() is not None)
-    assert not CPU.numba_products(CPU.place(tensors, set()))
+    assert not CPU.numba_products(exact.place(tensors, set()))
 
 
 def test_without_an_integer_path_int8_falls_back_to_the_float_product(tiny_q8_0, monkeypatch):
@@ -85,7 +86,7 @@ def test_without_an_integer_path_int8_falls_back_to_the_float_product(tiny_q8_0,
 
 
 def test_activations_option_is_checked(tiny_q8_0):
-    with pytest.raises(OptionError, match="activations must be one of exact, int8, bf16") as err:
+    with pytest.raises(OptionError, match="activations must be one of auto, exact, int8, bf16") as err:
         Model(tiny_q8_0.checkpoint, activations="int4")
     assert err.value.field == "activations"
 
@@ -93,5 +94,5 @@ def test_activations_option_is_checked(tiny_q8_0):
 @pytest.mark.parametrize("parser", [transcribe.build_parser, serve.build_parser])
 def test_commands_take_activations(parser):
     argv = ["a.wav"] if parser is transcribe.build_parser else []
-    assert parser().parse_args(argv).activations == "exact"
+    assert parser().parse_args(argv).activations == "auto"
     assert parser().parse_args(argv + ["--activations", "int8"]).activations == "int8"

@@ -236,15 +236,3 @@ def test_doctor_reads_the_huge_pages_setting(tmp_path, text, expected):
     setting.write_text(text)
     assert doctor.transparent_huge_pages(str(setting)) == expected
     assert doctor.transparent_huge_pages(str(tmp_path / "absent")) is None
-
-
-@pytest.mark.parametrize("preset, expected", [(None, "20"), ("25", "25")])
-def test_importing_nanoasr_sets_the_blas_thread_timeout_unless_set(preset, expected):
-    """OpenBLAS's threads spin for about 0.1 s after each call by default, on the cores numba needs next;
-    nanoasr shortens that before numpy loads OpenBLAS, and leaves a value the user chose."""
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-    if preset is not None:
-        env["OPENBLAS_THREAD_TIMEOUT"] = preset
-    code = "import nanoasr, os; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == expected

@@ -38,7 +38,7 @@ def ctc_dir(torch, tiny_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ctc_model(ctc_dir):
-    return nanoasr.load_model(str(ctc_dir))
+    return nanoasr.load_model(str(ctc_dir), activations="exact")
 
 
 @pytest.fixture(scope="module")

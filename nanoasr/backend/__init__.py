@@ -22,19 +22,40 @@ from nanoasr.backend.table import Kernels
 from nanoasr.errors import OptionError
 
 DEVICES = ("auto", "cpu", "cuda")
-# How a product treats the rows it multiplies into block-quantized weights: "exact" keeps them float32 (the
-# parity reference); "int8" quantizes them per 32-column block and sums int8 products in int32, as ggml does
-# (CPU, Q8_0/Q4_K/Q6_K weights, few rows and many, where the CPU has AVX2 or AVX512-VNNI; elsewhere the
-# float path); "bf16" rounds them to bf16 against BF16 weights, as Transformers' bf16 profile does, with
-# float32 sums (CPU; many rows run on AMX tiles, or with AVX512-BF16, where the CPU has them).
-ACTIVATIONS = ("exact", "int8", "bf16")
+# How a product treats the rows it multiplies into block-quantized weights: "auto" (the default) takes, per
+# stored type, what that type's reference runtime uses where this CPU runs it natively
+# (cpu.resolved_activations: int8 rows against Q8_0/Q4_K/Q6_K, bf16 rows against BF16, float32 elsewhere);
+# "exact" keeps them float32 (the parity reference); "int8" quantizes them per 32-column block and sums int8
+# products in int32, as ggml does (CPU, Q8_0/Q4_K/Q6_K weights, few rows and many, where the CPU has AVX2 or
+# AVX512-VNNI; elsewhere the float path); "bf16" rounds them to bf16 against BF16 weights, as Transformers'
+# bf16 profile does, with float32 sums (CPU; many rows run on AMX tiles, or with AVX512-BF16, where the CPU
+# has them).
+ACTIVATIONS = ("auto", "exact", "int8", "bf16")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which path the products of a loaded model take on this machine, resolved once when it loads
+    (Model.plan; `nanoasr doctor --model M` and `nanoasr -v` print it)."""
+    device: str  # "cpu" | "cuda"
+    isa: str  # the kernels' instruction path: "vnni", "avx2", "float32" (CPU without AVX2), "cuda"
+    activations: tuple[tuple[str, str], ...]  # (stored type, the rows its products multiply), per matrix type
+    threads: str  # how many threads compute
+    wait: str  # how numba's idle threads wait (host.start_numba_threads)
+    pages: str  # where the weight matrices are read from
+    prefetch: str  # how the decode products prefetch their weight rows
+
+    def __str__(self) -> str:
+        rows = ", ".join(f"{kind} {rows}" for kind, rows in self.activations)
+        return (f"{self.device} ({self.isa}); activations {rows}; {self.threads} threads, idle: {self.wait}; "
+                f"weights {self.pages}; prefetch {self.prefetch}")
 
 
 @dataclass(frozen=True)
 class Backend:
     name: str  # "cpu" | "cuda"
     xp: ModuleType  # numpy or cupy
-    activations: str = "exact"  # one of ACTIVATIONS, carried by the weights place() returns
+    activations: str = "auto"  # one of ACTIVATIONS, carried by the weights place() returns
     huge_pages: bool = False  # CPU: matrices read into a private copy in huge pages (host.py)
 
     @cached_property
@@ -55,6 +76,10 @@ class Backend:
         float32 once, matrices in their stored type where the kernels read it (marked with the activations
         their products use; on the CPU read into huge pages if huge_pages)."""
         return self._table.place(tensors, vectors, self.activations, self.huge_pages)
+
+    def plan(self, weights: dict, threads: int | None) -> Plan:
+        """The Plan of a model whose weights this backend placed, computing on `threads` (None: all)."""
+        return self._table.plan(weights, threads, self.huge_pages)
 
     def numba_products(self, weights: dict) -> bool:
         """Whether numba's threads run every large product over these placed weights (AMX tiles), so that a

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from nanoasr.backend import host, xp
+from nanoasr.backend import Plan, host, xp
 from nanoasr.backend.host import NUMBA_PRODUCTS
 from nanoasr.backend.table import Kernels
 from nanoasr.kernels import attention, blas_split, elementwise, softmax, stored
@@ -21,6 +21,7 @@ from nanoasr.tensor import StoredTensor, take_rows, widen
 # the fused kernels; more rows (encoder, prefill) go through the int8 GEMM where the weights are marked for
 # it, else widen the matrix once and use BLAS.
 FUSED_ROWS = 8
+host.start_numba_threads()  # before any kernel's first parallel region starts numba's pool its own way
 _scratch = threading.local()
 # Elementwise kernels split their rows over numba's threads (while numba runs the products) from this many
 # values on: below it, as for a decode step's rows, a parallel launch costs more than it saves.
@@ -154,6 +155,22 @@ def numba_products(weights: dict) -> bool:
     return bf16_kernel() is not None and "bf16" in marks or host_path() is not None and "int8" in marks
 
 
+def plan(weights: dict, threads: int | None, huge_pages: bool):
+    """The Plan of these placed weights on this CPU (backend.Plan)."""
+    import numba
+
+    from nanoasr.kernels.target import weight_prefetch
+
+    wait = host.start_numba_threads().wait
+    marks = {(t.dtype, t.activations) for t in weights.values() if isinstance(t, StoredTensor)}
+    available = numba.get_num_threads()
+    prefetch = weight_prefetch()
+    return Plan("cpu", host_path() or "float32", tuple(sorted(marks)),
+                str(min(threads, available)) if threads else f"all {available}", wait,
+                "in huge pages (a private copy)" if huge_pages else "read through the file mapping",
+                f"into {prefetch.cache}, {prefetch.rows_ahead} rows ahead")
+
+
 def _widen_buffer(rows: int, cols: int) -> np.ndarray:
     """A float32 [rows, cols] view of this thread's reused buffer (one matrix widened at a time)."""
     size = rows * cols
@@ -184,17 +201,28 @@ KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
                   stored_matmul=stored_matmul, take_rows=take_rows, products=products)
 
 
-def place(tensors: dict, vectors: set[str], activations: str = "exact", huge_pages: bool = False) -> dict:
+def resolved_activations(dtype: str, activations: str) -> str:
+    """The rows that products over a matrix of stored type `dtype` multiply, for the option `activations`:
+    "int8" applies to Q8_0, Q4_K and Q6_K, "bf16" to BF16; "auto" is int8 against those types where this CPU
+    has the int8 kernels (AVX2 or AVX512-VNNI), bf16 against BF16 where it multiplies bf16 natively (AMX or
+    AVX512-BF16); every other pairing is "exact" (float32 rows)."""
+    int8 = dtype in stored.MATVEC_INT8_KINDS
+    if activations == "auto":
+        native = int8 and host_path() is not None or dtype == "bf16" and bf16_kernel() is not None
+        activations = ("int8" if int8 else "bf16") if native else "exact"
+    applies = activations == "int8" and int8 or activations == "bf16" and dtype == "bf16"
+    return activations if applies else "exact"
+
+
+def place(tensors: dict, vectors: set[str], activations: str = "auto", huge_pages: bool = False) -> dict:
     """Matrices stay in their stored type, float32 ones too, so that decoding streams them through the same
     kernels; vectors are widened once. With huge_pages the matrices (and the float32 vectors, which widen to
     views of the file) are read into one buffer of huge pages (host.py); otherwise they stay where the
-    checkpoint put them (a file mapping, shared between processes). With int8 activations, the
-    block-quantized matrices (Q8_0, Q4_K, Q6_K) are marked for the integer product; with bf16 activations,
-    the BF16 matrices."""
+    checkpoint put them (a file mapping, shared between processes). Each matrix is marked with the rows its
+    products multiply (resolved_activations)."""
     def matrix(t):
-        marked = (activations == "int8" and t.dtype in stored.MATVEC_INT8_KINDS
-                  or activations == "bf16" and t.dtype == "bf16")
-        return dataclasses.replace(t, activations=activations) if marked else t
+        rows = resolved_activations(t.dtype, activations)
+        return t if rows == "exact" else dataclasses.replace(t, activations=rows)
     placed = {name: widen(t) if name in vectors else matrix(t) for name, t in tensors.items()}
     if not huge_pages:
         return placed

@@ -14,7 +14,7 @@ import threading
 import cupy
 from numba import cuda
 
-from nanoasr.backend import xp
+from nanoasr.backend import Plan, xp
 from nanoasr.backend.table import Kernels
 from nanoasr.kernels import cuda as gk
 from nanoasr.tensor import StoredTensor, widen
@@ -73,12 +73,19 @@ KERNELS = Kernels(add_bias=xp.add_bias_xp, layer_norm=xp.layer_norm_xp, rms_norm
                   products=xp.products_xp)
 
 
+def plan(weights: dict, threads: int | None, huge_pages: bool):
+    """The Plan of these weights on the GPU: float32 rows in every product."""
+    kinds = sorted({t.dtype for t in weights.values() if isinstance(t, StoredTensor)})
+    return Plan("cuda", "cuda", tuple((kind, "exact") for kind in kinds), "the GPU's", "-",
+                "in the GPU's memory", "-")
+
+
 def numba_products(weights: dict) -> bool:
     """The GPU runs the products."""
     return False
 
 
-def place(tensors: dict, vectors: set[str], activations: str = "exact", huge_pages: bool = False) -> dict:
+def place(tensors: dict, vectors: set[str], activations: str = "auto", huge_pages: bool = False) -> dict:
     """Each tensor copied to the device once: vectors as float32, matrices in their stored type (products
     keep float32 rows here whatever `activations` says; huge_pages concerns the host's copy)."""
     return {name: cupy.asarray(widen(t)) if name in vectors

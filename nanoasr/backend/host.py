@@ -2,6 +2,9 @@
 weight matrices in huge pages (in_huge_pages).
 
 Threads: nothing is set process-wide; a block runs inside threads(n) and the pools are as they were after it.
+numba's pool is started by start_numba_threads, its idle workers spinning only briefly before they sleep
+(numba's default OpenMP layer loads libgomp, whose idle workers spin for milliseconds: on a machine shared
+with other work, or with a second transcription, they took the cores the working threads needed).
 
 Pages: the copy is one anonymous buffer that asks the OS for 2 MiB pages. Every decode step streams all of the
 decoder's matrices. Read through the checkpoint's file mapping where the page cache holds the file in 4 KiB
@@ -14,9 +17,13 @@ are "always" or "madvise"; elsewhere the buffer is ordinary memory.
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
+import os
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
+from functools import cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -125,6 +132,8 @@ def threads(n: int | None, numba_products: bool = False):
     import numba  # here, not at the top: importing nanoasr does not load numba
     from threadpoolctl import threadpool_limits
 
+    start_numba_threads()
+
     previous = numba.get_num_threads()
     if n is not None:
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
@@ -136,3 +145,61 @@ def threads(n: int | None, numba_products: bool = False):
     finally:
         NUMBA_PRODUCTS.reset(token)
         numba.set_num_threads(previous)
+
+
+# How long an idle OpenMP worker of numba's spins before it sleeps, where the user has not said: about a
+# millisecond at most (GOMP_SPINCOUNT counts pause instructions, 10^4 of them 0.3-0.6 ms; KMP_BLOCKTIME, for
+# LLVM's and Intel's runtimes, milliseconds). That spans the gaps between a decode step's parallel regions;
+# libgomp's own 3 * 10^5 (several milliseconds) outlived the work, and passive waiting (no spin) pays a
+# wake-up per region.
+OMP_SPIN = {"GOMP_SPINCOUNT": "10000", "KMP_BLOCKTIME": "1"}
+WAIT_SETTINGS = ("OMP_WAIT_POLICY", *OMP_SPIN)
+
+
+class ThreadPolicy(NamedTuple):
+    layer: str  # numba's threading layer: "tbb", "omp" or "workqueue"
+    wait: str  # how its idle workers wait
+
+
+@cache
+def start_numba_threads() -> ThreadPolicy:
+    """Start numba's thread pool, once, with idle workers that do not outlive the work: numba's choice of
+    layer (NUMBA_THREADING_LAYER where set; else TBB where installed, whose workers sleep soon, else OpenMP),
+    and for OpenMP the bounded spin OMP_SPIN where neither it nor OMP_WAIT_POLICY is set. The runtime reads
+    these as it loads, so they are in the environment only while numba loads it; an OpenMP runtime that
+    another library loaded first keeps its own."""
+    import numba
+    from numba.np.ufunc import parallel
+
+    if parallel._is_initialized or any(name in os.environ for name in WAIT_SETTINGS):
+        numba.get_num_threads()
+        return ThreadPolicy(numba.threading_layer(), _wait_described())
+    loaded_before = _libgomp_loaded()
+    os.environ.update(OMP_SPIN)
+    try:
+        numba.get_num_threads()  # loads the threading layer, and with it the OpenMP runtime
+    finally:
+        for name in OMP_SPIN:
+            del os.environ[name]
+    layer = numba.threading_layer()
+    if layer != "omp":
+        return ThreadPolicy(layer, "its own (sleeps when idle)" if layer == "workqueue" else "its own")
+    if loaded_before:
+        return ThreadPolicy(layer, "the OpenMP runtime's own (loaded before nanoasr)")
+    return ThreadPolicy(layer, "spin then sleep: " + ", ".join(f"{k}={v}" for k, v in OMP_SPIN.items()))
+
+
+def _wait_described() -> str:
+    chosen = [f"{name}={os.environ[name]}" for name in WAIT_SETTINGS if name in os.environ]
+    return "as set: " + ", ".join(chosen) if chosen else "as numba's pool was started"
+
+
+def _libgomp_loaded() -> bool:
+    """Whether GNU OpenMP is in this process already (where the loader can say without loading it)."""
+    if not hasattr(os, "RTLD_NOLOAD"):
+        return False
+    try:
+        ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+    except OSError:
+        return False
+    return True

@@ -6,6 +6,7 @@ Versions, backends (CPU, CUDA/CuPy), BLAS and numba threads, CPU features, and t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -17,9 +18,11 @@ DISTRIBUTIONS = ("numpy", "numba", "llvmlite", "gguf", "safetensors", "tokenizer
                  "soundfile", "soxr", "threadpoolctl", "cupy-cuda12x", "cupy")
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avx512bf16", "amx-tile")
 PROC_FLAGS = {"avx512bf16": "avx512_bf16", "avx512vnni": "avx512_vnni", "amx-tile": "amx_tile"}
-ENVIRONMENT = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT", "MKL_NUM_THREADS",
-               "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES",
-               "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT", "HF_HUB_OFFLINE")
+ENVIRONMENT = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS",
+               "OPENBLAS_THREAD_TIMEOUT", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER",
+               "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT",
+               "HF_HUB_OFFLINE")
+STORED_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_k", "q6_k")
 SECRETS = ("HF_TOKEN",)  # reported as set or not, never shown
 
 
@@ -75,28 +78,15 @@ def numba_info() -> dict:
         import numba
     except ImportError as exc:
         return {"error": f"numba does not import: {exc}"}
-    out = {"threading_layer_requested": numba.config.THREADING_LAYER, "threads": numba.get_num_threads(),
-           "max_threads": numba.config.NUMBA_NUM_THREADS}
-    try:
-        out["threading_layer"] = _parallel_layer(numba)
+    from nanoasr.backend import host
+
+    out = {"threading_layer_requested": numba.config.THREADING_LAYER}
+    try:  # the pool as nanoasr starts it
+        out["threading_layer"], out["idle_threads"] = host.start_numba_threads()
     except Exception as exc:  # numba raises several kinds when no threading layer loads
         out["threading_layer"] = f"unavailable ({type(exc).__name__}: {exc})"
-    return out
-
-
-def _parallel_layer(numba) -> str:
-    """numba reports its threading layer only after a parallel function has run once."""
-    @numba.njit(parallel=True)
-    def total(x):
-        s = 0.0
-        for i in numba.prange(x.shape[0]):
-            s += x[i]
-        return s
-
-    import numpy as np
-
-    total(np.ones(64))
-    return numba.threading_layer()
+        return out
+    return {**out, "threads": numba.get_num_threads(), "max_threads": numba.config.NUMBA_NUM_THREADS}
 
 
 def cpu() -> dict:
@@ -112,19 +102,22 @@ def cpu() -> dict:
 
 def kernels() -> dict:
     """The product paths this CPU runs for each `activations` choice that depends on its features (those of
-    numba's target, which NUMBA_CPU_NAME / NUMBA_CPU_FEATURES may set: kernels/target.py), and how the
-    decode products prefetch their weights on this host."""
+    numba's target, which NUMBA_CPU_NAME / NUMBA_CPU_FEATURES may set: kernels/target.py), the activations
+    "auto" takes for each stored type, and how the decode products prefetch their weights on this host."""
+    from nanoasr.backend.cpu import resolved_activations
     from nanoasr.kernels import target
     from nanoasr.kernels.bf16 import amx, avx512
     from nanoasr.kernels.int8.dot import host_path
 
     path = host_path()
     prefetch = target.weight_prefetch()
+    auto = ", ".join(f"{kind} {resolved_activations(kind, 'auto')}" for kind in STORED_TYPES)
     return {"int8_decode": f"int8 ({path})" if path else "float32 (no AVX2)",
             "int8_many_rows": f"int8 GEMM ({path})" if path else "float32 (widening + BLAS)",
             "bf16_many_rows": ("AMX tiles" if amx.available() else "bf16 GEMM (avx512bf16)"
                                if avx512.available() else "BLAS on bf16-rounded rows"),
-            "weight_prefetch": f"into {prefetch.cache}, {prefetch.rows_ahead} rows ahead"}
+            "weight_prefetch": f"into {prefetch.cache}, {prefetch.rows_ahead} rows ahead",
+            "auto_activations": auto}
 
 
 def _proc_flags() -> dict:
@@ -178,9 +171,23 @@ def _gguf_license_and_quant(path, license, quant) -> tuple:
 
 
 def report(model_value: str | None) -> dict:
+    found = model(model_value)
     return {"versions": versions(), "system": system(), "backends": backends(), "blas": blas(),
             "numba": numba_info(), "cpu": cpu(), "kernels": kernels(), "environment": environment(),
-            "model": model(model_value)}
+            "model": found, **({"plan": plan(model_value)} if found["resolved"] else {})}
+
+
+def plan(value: str | None) -> dict:
+    """The Plan of the model `--model value` loads, with the default options, from local files alone."""
+    from nanoasr.api import Model
+    from nanoasr.errors import NanoasrError
+
+    try:
+        loaded = Model.load(value, offline=True, progress=False)
+    except NanoasrError as exc:
+        return {"error": str(exc)}
+    rows = ", ".join(f"{kind} {rows}" for kind, rows in loaded.plan.activations)
+    return {**dataclasses.asdict(loaded.plan), "activations": rows}
 
 
 def format_text(data: dict) -> str:

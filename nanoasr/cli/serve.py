@@ -53,8 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: the system's temporary directory)")
     parser.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     parser.add_argument("--threads", type=positive(int), default=None, help="CPU threads")
-    parser.add_argument("--activations", default="exact", choices=ACTIVATIONS,
-                        help="exact: float32 rows in every product; int8: rows quantized per block "
+    parser.add_argument("--activations", default="auto", choices=ACTIVATIONS,
+                        help="auto (default): int8 against Q8_0/Q4_K/Q6_K where the CPU has AVX2 or "
+                             "AVX512-VNNI, bf16 against BF16 where it has AMX or AVX512-BF16, else exact; "
+                             "exact: float32 rows in every product; int8: rows quantized per block "
                              "against Q8_0/Q4_K/Q6_K weights, as llama.cpp does (CPUs with AVX2 or "
                              "AVX512-VNNI); "
                              "bf16: rows rounded to bf16 against BF16 weights and in attention, as "

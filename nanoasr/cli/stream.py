@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="checkpoint directory, .gguf or model.pt file, hub id or package name")
     parser.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     parser.add_argument("--threads", type=positive(int), default=None, help="CPU threads")
-    parser.add_argument("--activations", default="exact", choices=ACTIVATIONS, help="see nanoasr --help")
+    parser.add_argument("--activations", default="auto", choices=ACTIVATIONS, help="see nanoasr --help")
     parser.add_argument("--language", default=None, help="language code or name (default: automatic)")
     parser.add_argument("--context", default=None, help="free text describing the recording")
     parser.add_argument("--hotword", action="append", default=[], metavar="WORD", help="a term to favour")

@@ -79,8 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     model.add_argument("--threads", type=positive(int), default=None, metavar="N",
                        help="CPU threads for numba and BLAS (default: all cores)")
-    model.add_argument("--activations", default="exact", choices=ACTIVATIONS,
-                       help="exact: float32 rows in every product; int8: rows quantized per block "
+    model.add_argument("--activations", default="auto", choices=ACTIVATIONS,
+                       help="auto (default): int8 against Q8_0/Q4_K/Q6_K where the CPU has AVX2 or "
+                            "AVX512-VNNI, bf16 against BF16 where it has AMX or AVX512-BF16, else exact; "
+                            "exact: float32 rows in every product; int8: rows quantized per block "
                             "against Q8_0/Q4_K/Q6_K weights, as llama.cpp does (CPUs with AVX2 or "
                             "AVX512-VNNI); "
                             "bf16: rows rounded to bf16 against BF16 weights and in attention, as "
@@ -431,7 +433,7 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
         progress.error(exc)
         return EXIT_FAILED
     if args.verbose:
-        progress.line(f"nanoasr: model loaded in {time.perf_counter() - start:.1f} s")
+        progress.line(f"nanoasr: model loaded in {time.perf_counter() - start:.1f} s; plan: {model.plan}")
     for index, item in enumerate(todo, 1):
         progress.begin(index, len(todo), item.label)
         transcript = _transcribe_one(model, item, options, progress, args.max_duration)

@@ -176,7 +176,8 @@ def test_transcription_on_the_device_matches_the_cpu(double, monkeypatch, tiny_d
     log, launches = double
     path = str(tiny_dir if kind == "bf16" else q8_0_dir)
     wave = speech_like(1.5, 4)
-    on_cpu = Model.load(path).transcribe(wave, sample_rate=16000, max_new_tokens=6, ignore_stop=True)
+    on_cpu = Model.load(path, activations="exact").transcribe(wave, sample_rate=16000, max_new_tokens=6,
+                                                              ignore_stop=True)
     model = Model.load(path, device="cuda")
     assert isinstance(model.weights["model.language_model.embed_tokens.weight"].data, DeviceArray)
     choices = Choices(log, monkeypatch)
@@ -191,7 +192,7 @@ def test_transcription_on_the_device_matches_the_cpu(double, monkeypatch, tiny_d
 def test_batched_generation_on_the_device_matches_the_cpu(double, monkeypatch, tiny_dir):
     """Three prompts through two cache rows: batched steps, a finished row swapped out and refilled."""
     log, _ = double
-    on_cpu, model = Model.load(str(tiny_dir)), Model.load(str(tiny_dir), device="cuda")
+    on_cpu, model = Model.load(str(tiny_dir), activations="exact"), Model.load(str(tiny_dir), device="cuda")
     cfg = model.config.text
     rng = np.random.default_rng(1)
     prompts = [rng.standard_normal((n, cfg.hidden_size)).astype(np.float32) for n in (7, 12, 4)]

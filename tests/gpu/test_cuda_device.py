@@ -38,7 +38,7 @@ def models(tiny_dir, tmp_path_factory):
                 if target != "bf16":
                     convert.write(path, load_checkpoint(tiny_dir), target, report=False, progress=None)
             loaded.clear()  # one full-size pair in memory at a time
-            loaded[case] = Model.load(str(path)), Model.load(str(path), device="cuda")
+            loaded[case] = Model.load(str(path), activations="exact"), Model.load(str(path), device="cuda")
         return loaded[case]
     return get
 

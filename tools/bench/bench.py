@@ -2,8 +2,8 @@
 
     python tools/bench/bench.py --model CKPT_DIR [--model other.gguf ...] [--transformers CKPT_DIR]
                           [--llama-gguf qwen3.gguf] [--seconds 10] [--tokens 40] [--long-seconds 600]
-                          [--threads 2] [--device cpu|cuda] [--activations exact|int8|bf16] [--rounds 3]
-                          [--huge-pages off|on|both] [--isa native|avx2]
+                          [--threads 2] [--device cpu|cuda] [--activations auto|exact|int8|bf16]
+                          [--rounds 3] [--huge-pages off|on|both] [--isa native|avx2]
                           [--json out.json] [--report docs/speed.md]
     python tools/bench/bench.py --report docs/speed.md --from run.json [--from other.json ...] [--drop RUN ...]
 
@@ -42,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from nanoasr.backend import ACTIVATIONS  # noqa: E402
 from tools.lib.measure import (ISA_ENVIRON, environ_without_blas_vars, last_level_cache_bytes,  # noqa: E402
                                median_ms)
 
@@ -457,7 +458,7 @@ def written_by(argv: list[str]) -> str:
 
 def section(results: dict) -> list[str]:
     m, args, runs = results["machine"], settings(results), results["runs"]
-    activations = "" if args.activations == "exact" else f", {args.activations} activations"
+    activations = "" if args.activations == "auto" else f", {args.activations} activations"
     held = "" if args.isa == "native" else f", held to {args.isa.upper()}"
     bandwidth = results["read_bandwidth_gbs"]["median"]
     title = f"{m['cpu']} (`{m['cpu_target']}`){held}{activations}, a {args.seconds} s clip, {results['date']}"
@@ -553,8 +554,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where nanoasr runs")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every configuration")
     p.add_argument("--reference", default="funasr", choices=("funasr", "transformers"))
-    p.add_argument("--activations", default="exact", choices=("exact", "int8", "bf16"),
-                   help="nanoasr's rows against block-quantized weights in decoding: float32 or int8")
+    p.add_argument("--activations", default="auto", choices=ACTIVATIONS,
+                   help="nanoasr's rows in the products (default: nanoasr's own, auto)")
     p.add_argument("--huge-pages", default="off", choices=("off", "on", "both"),
                    help="nanoasr's weight matrices read into huge pages (Model.load(huge_pages=True)); "
                         "both: each model both ways")

@@ -189,7 +189,7 @@ def main() -> int:
         paths = ([tiny] if args.tiny else []) + args.models
         results, times = {}, {}
         for path in paths:
-            exact = Model.load(str(path), threads=args.threads)
+            exact = Model.load(str(path), threads=args.threads, activations="exact")
             other = Model(exact.checkpoint, "cpu", args.threads, activations=args.activations)
             results[path.name] = [compare_clip(exact, other, s, seed) for s, seed in CLIPS]
             if path in args.models and args.rounds:

@@ -34,7 +34,7 @@ def child(model_path: str, out_prefix: str, forced: str | None) -> dict:
     from tools.lib.parity import stage_outputs, teacher_forced_logits
 
     start = time.perf_counter()
-    model = Model.load(model_path, threads=2)
+    model = Model.load(model_path, threads=2, activations="exact")
     load_s = time.perf_counter() - start
     with model.thread_scope():
         ours = stage_outputs(model, speech_like(SECONDS, 3), "funasr", {})

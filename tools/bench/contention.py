@@ -1,0 +1,98 @@
+"""How a transcription fares on a machine it shares: (a) one alone, (b) two at once, (c) one beside one
+CPU-bound process per core, each timed after a warm-up in its own process.
+
+    python tools/bench/contention.py --model CKPT [--tree DIR] [--seconds 5] [--tokens 30] [--rounds 3]
+                                     [--threads N] [--activations exact|int8|bf16]
+
+`--tree` runs the nanoasr of another checkout (its root first on the path), so that one command measures the
+figures before and after a change: (a) is the idle figure. The transcriptions of (b) start together: each
+process loads and warms its model, then waits until every one is ready. Prints each figure (the median over
+the rounds, with its minimum and maximum) and the ratios (b)/(a) and (c)/(a). OPENBLAS_CORETYPE and
+OPENBLAS_L2_SIZE are unset in the runs, as users' machines do not set them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tools.lib.measure import environ_without_blas_vars  # noqa: E402
+
+CHILD = """
+import json, sys, time
+import numpy as np
+from nanoasr.api import Model
+args = json.loads(sys.argv[1])
+model = Model.load(args["model"], threads=args["threads"], **({"activations": args["activations"]}
+                                                              if args["activations"] else {}))
+wave = (0.1 * np.random.default_rng(0).standard_normal(int(16000 * args["seconds"]))).astype(np.float32)
+options = dict(sample_rate=16000, max_new_tokens=args["tokens"], ignore_stop=True)
+model.transcribe(wave, **options)  # compiles what is not cached, fills the caches
+print("ready", flush=True)
+sys.stdin.readline()
+start = time.perf_counter()
+model.transcribe(wave, **options)
+print(json.dumps({"seconds": time.perf_counter() - start}), flush=True)
+"""
+HOG = "while True: pass"
+
+
+def transcriptions(args, count: int, hogs: int) -> list[float]:
+    """Seconds of each of `count` transcriptions started together, beside `hogs` busy processes."""
+    env = environ_without_blas_vars("native")
+    env["PYTHONPATH"] = str(Path(args.tree).resolve())
+    child = json.dumps({"model": args.model, "threads": args.threads, "activations": args.activations,
+                        "seconds": args.seconds, "tokens": args.tokens})
+    runs = [subprocess.Popen([sys.executable, "-c", CHILD, child], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True) for _ in range(count)]
+    busy = []
+    try:
+        for run in runs:
+            if run.stdout.readline().strip() != "ready":
+                raise SystemExit(f"a transcription failed to start (exit {run.wait()})")
+        busy = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(hogs)]
+        for run in runs:
+            run.stdin.write("go\n")
+            run.stdin.flush()
+        return [json.loads(run.stdout.readline())["seconds"] for run in runs]
+    finally:
+        for process in busy + runs:
+            process.kill()
+            process.wait()
+
+
+def summary(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} s (min {min(values):.2f}, max {max(values):.2f})"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="nanoasr checkpoint dir or .gguf")
+    ap.add_argument("--tree", default=str(ROOT), help="the checkout whose nanoasr runs (default: this one)")
+    ap.add_argument("--seconds", type=float, default=5.0, help="audio per transcription")
+    ap.add_argument("--tokens", type=int, default=30, help="tokens decoded per transcription")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="nanoasr's threads (default: its own)")
+    ap.add_argument("--activations", default=None, help="nanoasr's activations (default: its own)")
+    args = ap.parse_args(argv)
+    cores = os.cpu_count() or 1
+    figures = {"alone": [], "two at once": [], f"beside {cores} busy": []}
+    for _ in range(args.rounds):  # interleaved, so that other work on the machine slows each alike
+        figures["alone"] += transcriptions(args, 1, 0)
+        figures["two at once"] += transcriptions(args, 2, 0)
+        figures[f"beside {cores} busy"] += transcriptions(args, 1, cores)
+    alone = statistics.median(figures["alone"])
+    for name, values in figures.items():
+        ratio = "" if name == "alone" else f"  {statistics.median(values) / alone:.2f}x alone"
+        print(f"{name:>16}: {summary(values)}{ratio}")
+
+
+if __name__ == "__main__":
+    main()
