@@ -146,8 +146,8 @@ def saved_run(command: str, runs: dict) -> dict:
 
 
 def test_the_page_renders_saved_runs_with_their_machine_command_and_speed_ups(monkeypatch, tmp_path):
-    decode = saved_run("python tools/bench/bench.py --model m-q8_0.gguf --llama-gguf qwen3-q8_0.gguf --seconds 10 "
-                       "--tokens 40 --activations int8 --long-seconds 600 --json d.json",
+    decode = saved_run("python tools/bench/bench.py --model m-q8_0.gguf --llama-gguf qwen3-q8_0.gguf "
+                       "--seconds 10 --tokens 40 --activations int8 --long-seconds 600 --json d.json",
                        {"nanoasr m-q8_0.gguf": {"decode_ms_per_token": 20.0, "prefill196_ms": 400.0,
                                                 "rtf": 0.125, "long_rtf": 0.0712, "peak_rss_mb": 1451.4,
                                                 "spread": {"rtf": [0.1, 0.2]}},

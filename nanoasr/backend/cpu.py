@@ -135,7 +135,7 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
                        np.empty((len(x), out_features), np.float32), host_path())
     if len(x) <= FUSED_ROWS:
         return stored.matvec(x, w.data, w.dtype, out_features, in_features,
-                          np.empty((len(x), out_features), np.float32))
+                             np.empty((len(x), out_features), np.float32))
     if w.dtype == "f32":
         return x @ w.data.T
     wide = stored.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))

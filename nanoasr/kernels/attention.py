@@ -89,5 +89,5 @@ def new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, po
     and rotated as rms_norm and apply_rope compute them."""
     out = np.empty(q.shape, np.float32)
     new_position_into(q, k, v, q_norm, k_norm, np.float32(eps), cos, sin, np.float32(scale), keys, values,
-                  np.asarray(positions, np.int64), out)
+                      np.asarray(positions, np.int64), out)
     return out

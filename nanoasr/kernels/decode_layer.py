@@ -76,11 +76,11 @@ def layer_for(products: tuple):
         q, k, v = _product(k_q, r_q, h, w_q), _product(k_k, r_k, h, w_k), _product(k_v, r_v, h, w_v)
         rotated = np.empty((b, heads, head_dim), np.float32)
         new_position_into(q.reshape(b, heads, head_dim), k.reshape(b, kv_heads, head_dim),
-                      v.reshape(b, kv_heads, head_dim), q_norm, k_norm, eps, cos, sin, scale, keys, values,
-                      positions, rotated)
+                          v.reshape(b, kv_heads, head_dim), q_norm, k_norm, eps, cos, sin, scale, keys,
+                          values, positions, rotated)
         attended = np.empty((b, kv_heads, heads // kv_heads, head_dim), np.float32)
         attend(rotated.reshape(b, kv_heads, heads // kv_heads, head_dim), keys, values, positions + 1,
-                attended)
+               attended)
         x = x + _product(k_o, r_o, attended.reshape(b, heads_dim), w_o)
         rms_norm_rows(x, post_norm, eps, h)
         gate, up = _product(k_gate, r_gate, h, w_gate), _product(k_up, r_up, h, w_up)

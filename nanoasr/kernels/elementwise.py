@@ -126,7 +126,7 @@ def apply_rope(x, cos, sin):  # float32 x [..., n, heads, d], cos/sin [..., n, d
     rows = np.ascontiguousarray(x).reshape(-1, x.shape[-2], x.shape[-1])
     out = np.empty_like(rows)
     rope_rows(rows, np.ascontiguousarray(cos).reshape(-1, cos.shape[-1]),
-               np.ascontiguousarray(sin).reshape(-1, sin.shape[-1]), out)
+              np.ascontiguousarray(sin).reshape(-1, sin.shape[-1]), out)
     return out.reshape(x.shape)
 
 

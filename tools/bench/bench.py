@@ -5,7 +5,7 @@
                           [--threads 2] [--device cpu|cuda] [--activations auto|exact|int8|bf16]
                           [--rounds 3] [--huge-pages off|on|both] [--isa native|avx2]
                           [--json out.json] [--report docs/speed.md]
-    python tools/bench/bench.py --report docs/speed.md --from run.json [--from other.json ...] [--drop RUN ...]
+    python tools/bench/bench.py --report docs/speed.md --from run.json [--from more.json ...] [--drop RUN ...]
 
 Each configuration runs in its own process (so peak RSS is its own), with OPENBLAS_CORETYPE and
 OPENBLAS_L2_SIZE unset: users' machines do not set them, and they halve numpy's GEMM speed. The
@@ -14,9 +14,9 @@ them alike; every figure is the median over the rounds, with its minimum and max
 CPU and the features nanoasr chooses its kernels by, llama.cpp's own system information when
 llama-cpp-python is installed, and the machine's read bandwidth (a streaming sum over a buffer of 1 GiB or
 four times the last-level cache, on as many threads as the runs use), against which F16/BF16 decode steps
-are reported. `--isa avx2` holds every side to the instructions of an AVX2-only x86 CPU (tools/lib/measure.py),
-so that an AVX-512 machine measures the paths such CPUs run; llama.cpp must then be a build without AVX-512
-(pass its Python as --llama-python; the report shows its system info).
+are reported. `--isa avx2` holds every side to the instructions of an AVX2-only x86 CPU
+(tools/lib/measure.py), so that an AVX-512 machine measures the paths such CPUs run; llama.cpp must then be a
+build without AVX-512 (pass its Python as --llama-python; the report shows its system info).
 
 `--report FILE` writes a markdown page: per run, the machine (CPU, target and the features `nanoasr doctor`
 reports), the date and the exact command, then the medians (decode ms/token, prefill, encoder + adaptor,

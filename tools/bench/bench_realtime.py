@@ -3,7 +3,7 @@
 
     python tools/bench/bench_realtime.py --model MODEL [--sessions 1,2,4] [--seconds 30] [--threads 2]
                                    [--silence-ms 500] [--max-latency 1.2] [--json out.json]
-    python tools/bench/bench_realtime.py --url ws://127.0.0.1:8000 --api-key KEY ...   (a server already running)
+    python tools/bench/bench_realtime.py --url ws://127.0.0.1:8000 --api-key KEY ...   (a running server)
 
 Each speaker sends its own clip (utterances of 2-6 s with speech-like pauses inside, 3 s of silence after
 each, so the server's VAD ends each one) as 24 kHz PCM16 in 40 ms appends, paced by the clock, with
