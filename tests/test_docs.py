@@ -45,7 +45,8 @@ SKIPPED = [  # (pattern searched in the command, why it is not run)
     (r"^modelscope ", "downloads from ModelScope"),
     (r"models download", "downloads a package (tests/test_hub.py runs downloads against a local fake hub)"),
     (r"\| jq ", "jq is not a dependency"),
-    (r"^python tools/bench/bench\.py --model", "times the full-size model against Transformers and llama.cpp"),
+    (r"^python tools/bench/bench\.py --model",
+     "times the full-size model against Transformers and llama.cpp"),
 ]
 EXIT_STATUS = {"python -m nanoasr good.wav missing.wav notes.txt": 1}  # the text shows a failing run
 NEEDS_FFMPEG = re.compile(r"\.(?:m4a|mkv)\b|^ffmpeg ")
