@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = {"python", "nanoasr", "pip", "cat", "ffmpeg", "gguf-dump", "curl", "ray", "modelscope",
             "tools/gpu_check.sh"}
-AUDIO = re.compile(r"[\w.-]+\.(?:wav|mp3|flac|m4a|mkv)\b")
+AUDIO = re.compile(r"[\w.-]+\.(?:wav|mp3|flac|m4a|mkv|mp4)\b")
 
 SKIPPED = [  # (pattern searched in the command, why it is not run)
     (r"^pip install \. && ", "installs this checkout into the environment, which the test run already has"),
@@ -47,9 +47,11 @@ SKIPPED = [  # (pattern searched in the command, why it is not run)
     (r"\| jq ", "jq is not a dependency"),
     (r"^python tools/bench/bench\.py --model",
      "times the full-size model against Transformers and llama.cpp"),
+    (r"^python tools/bench/bench_realtime\.py", "streams simulated speakers for minutes "
+                                                "(tests/test_bench_realtime.py checks its bookkeeping)"),
 ]
 EXIT_STATUS = {"python -m nanoasr good.wav missing.wav notes.txt": 1}  # the text shows a failing run
-NEEDS_FFMPEG = re.compile(r"\.(?:m4a|mkv)\b|^ffmpeg ")
+NEEDS_FFMPEG = re.compile(r"\.(?:m4a|mkv|mp4)\b|^ffmpeg ")
 MODEL_COMMANDS = ("models", "convert", "doctor", "serve", "batch")
 
 
@@ -114,7 +116,10 @@ def with_tiny_model(command: str, folder: Path, tiny: Path) -> str:
     for i, part in enumerate(parts):
         call = re.search(r"(?:^|\s)(?:python -m )?nanoasr(?=\s|$)", part)
         rest = part[call.end():].split() if call else []
-        if call and "--model" not in part and not (rest and rest[0] in MODEL_COMMANDS):
+        if call and "--model" not in part and rest and rest[0] == "stream":  # its own --model
+            at = part.index("stream", call.end()) + len("stream")
+            parts[i] = f"{part[:at]} --model {tiny}{part[at:]}"
+        elif call and "--model" not in part and not (rest and rest[0] in MODEL_COMMANDS):
             parts[i] = f"{part[:call.end()]} --model {tiny}{part[call.end():]}"
     return " | ".join(parts)
 
@@ -130,7 +135,7 @@ def make_inputs(command: str, folder: Path) -> None:
         path = folder / name
         if path.exists():
             continue
-        if path.suffix in (".m4a", ".mkv"):
+        if path.suffix in (".m4a", ".mkv", ".mp4"):
             soundfile.write(folder / "source.wav", wave, 16000)
             subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(folder / "source.wav"),
                             str(path)], check=True)
