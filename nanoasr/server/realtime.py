@@ -63,7 +63,7 @@ async def open_session(websocket: WebSocket, connection, intent: str | None = No
     refusal = _refusal(websocket, service.api_key, intent)
     if refusal is None:
         try:
-            service.queue.admit()
+            service.queue.admit_job()
         except ApiError as exc:
             refusal = exc
     if refusal is not None:

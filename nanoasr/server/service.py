@@ -54,6 +54,11 @@ class Queue:
             self.pending -= 1
             self.served += 1
 
+    def leave(self) -> None:
+        """Gives back a job slot that a live session held while it was open (it is not a served job)."""
+        with self._lock:
+            self.pending -= 1
+
 
 def busy(what: str, code: str) -> ApiError:
     return ApiError(503, f"the server is busy ({what}); retry shortly", "server_error", code=code,
