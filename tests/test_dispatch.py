@@ -192,7 +192,7 @@ def test_cpu_placement_widens_vectors_once_and_keeps_matrices_stored():
     bits = np.ones((4, 8), np.uint16)
     tensors = {"norm": StoredTensor(np.ones(8, np.float16), "f16", (8,)),
                "matrix": StoredTensor(bits, "bf16", (4, 8))}
-    placed = backend.CPU.place(tensors, {"norm"})
+    placed = backend.with_activations(backend.CPU, "exact").place(tensors, {"norm"})
     assert placed["matrix"] is tensors["matrix"]
     assert placed["norm"].dtype == np.float32 and (placed["norm"] == 1).all()
 

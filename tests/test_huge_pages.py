@@ -109,7 +109,7 @@ def test_placement_copies_the_matrices_and_the_mapped_vectors_only_when_asked(ti
     convert.write(tmp_path / "tiny.gguf", load_checkpoint(tiny_dir), "q8_0", report=False)
     tensors = load_checkpoint(tmp_path / "tiny.gguf").tensors
     vectors = {n for n, t in tensors.items() if len(t.shape) == 1}
-    mapped = CPU.place(tensors, vectors)
+    mapped = with_activations(CPU, "exact").place(tensors, vectors)
     huge = with_activations(CPU, "exact", huge_pages=True).place(tensors, vectors)
     assert mapped.keys() == huge.keys()
     for name, t in huge.items():
