@@ -6,10 +6,7 @@ spoke the beta shape); finals are compared with `Model.transcribe` of each utter
 import asyncio
 import base64
 import json
-import threading
-import time
 import warnings
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -19,7 +16,6 @@ openai = pytest.importorskip("openai")
 websockets = pytest.importorskip("websockets")
 pytest.importorskip("fastapi")
 
-import uvicorn  # noqa: E402
 from openai.types.beta.realtime import (ConversationItemCreatedEvent,  # noqa: E402
                                         TranscriptionSessionUpdatedEvent)
 from openai.types.realtime import RealtimeServerEvent  # noqa: E402
@@ -30,6 +26,7 @@ from nanoasr.server import create_app  # noqa: E402
 from nanoasr.server.live_audio import G711, Converter  # noqa: E402
 from nanoasr.server import realtime as server_realtime  # noqa: E402
 from nanoasr.server.realtime import MAX_APPEND_BYTES, WS_MAX_BYTES  # noqa: E402
+from tests import serverutil  # noqa: E402
 from tests.serverutil import serving  # noqa: E402
 from tests.test_realtime import utterances_clip  # noqa: E402
 
@@ -40,21 +37,9 @@ BETA_EVENTS = {"transcription_session.updated": TranscriptionSessionUpdatedEvent
 RECV_TIMEOUT_S = 120  # the tiny model decodes slowly on a loaded machine; every wait is bounded by this
 
 
-@contextmanager
 def running(app):
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           ws_max_size=WS_MAX_BYTES))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the test server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    """`app` served as `nanoasr serve` serves it, WebSocket messages up to WS_MAX_BYTES."""
+    return serverutil.running(app, ws_max_bytes=WS_MAX_BYTES)
 
 
 @pytest.fixture(scope="module")
