@@ -16,7 +16,7 @@ from tools.reference import checkpoint, dump  # noqa: E402
 
 PROFILES = ("funasr", "transformers")
 LIVE_CASES = ((0.6, 21, {}), (3.3, 22, {"language": "zh"}), (7.9, 23, {"itn": False, "hotwords": ("Qwen",)}))
-FULL_SECONDS = (1.0, 4.5, 9.0, 17.5, 30.0)
+FULL_SECONDS = (1.0, 9.0, 30.0)  # the shortest, a middle one and the longest segment
 
 
 def built(tmp_path_factory, size, seed):

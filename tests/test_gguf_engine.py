@@ -63,4 +63,5 @@ def test_full_size_gguf_of_every_type(tmp_path_factory):
     from tools.reference import checkpoint
 
     path = checkpoint.build(tmp_path_factory.mktemp("full"), "full", seed=9)
-    check_types(path, tmp_path_factory.mktemp("gguf"), ("f16", "q8_0", "q4_k_m"), (6.0,), 24)
+    # the published types at full size; every other type is checked on the tiny model above
+    check_types(path, tmp_path_factory.mktemp("gguf"), ("q8_0", "q4_k_m"), (6.0,), 24)
