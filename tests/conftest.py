@@ -24,6 +24,15 @@ def tiny_dir(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def full_size_dir(tmp_path_factory) -> pathlib.Path:
+    """A random checkpoint of the real model's sizes (about 1.6 GB in BF16), built once for the slow tier."""
+    pytest.importorskip("transformers")
+    from tools.reference import checkpoint
+
+    return checkpoint.build(tmp_path_factory.mktemp("full"), "full", seed=5)
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoint(tiny_dir):
     """The tiny checkpoint as loaded from its directory: what every other layout of it must equal."""
     from nanoasr.checkpoints.load import load_checkpoint

@@ -19,16 +19,15 @@ LIVE_CASES = ((0.6, 21, {}), (3.3, 22, {"language": "zh"}), (7.9, 23, {"itn": Fa
 FULL_SECONDS = (1.0, 9.0, 30.0)  # the shortest, a middle one and the longest segment
 
 
-def built(tmp_path_factory, size, seed):
+def loaded(path):
     from nanoasr.api import Model
 
-    path = checkpoint.build(tmp_path_factory.mktemp(size), size, seed)
     return path, Model.load(str(path), activations="exact"), dump.load_tokenizer(path)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return built(tmp_path_factory, "tiny", seed=7)
+    return loaded(checkpoint.build(tmp_path_factory.mktemp("tiny"), "tiny", seed=7))
 
 
 @pytest.mark.parametrize("reference", PROFILES)
@@ -41,8 +40,8 @@ def test_tiny_checkpoint_with_a_new_seed(tiny, reference):
 
 
 @pytest.fixture(scope="module")
-def full(tmp_path_factory):
-    return built(tmp_path_factory, "full", seed=5)
+def full(full_size_dir):
+    return loaded(full_size_dir)
 
 
 @pytest.mark.slow

@@ -58,10 +58,6 @@ def test_tiny_gguf_of_every_type(tiny_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_full_size_gguf_of_every_type(tmp_path_factory):
-    pytest.importorskip("transformers")
-    from tools.reference import checkpoint
-
-    path = checkpoint.build(tmp_path_factory.mktemp("full"), "full", seed=9)
+def test_full_size_gguf_of_every_type(full_size_dir, tmp_path_factory):
     # the published types at full size; every other type is checked on the tiny model above
-    check_types(path, tmp_path_factory.mktemp("gguf"), ("q8_0", "q4_k_m"), (6.0,), 24)
+    check_types(full_size_dir, tmp_path_factory.mktemp("gguf"), ("q8_0", "q4_k_m"), (6.0,), 24)
