@@ -222,5 +222,5 @@ def run_load(tiny_dir, tmp_path, expected, sentinel, clients: int, per_client: i
     return figures
 
 
-def test_load_8_clients_x_25(tiny_dir, tmp_path, expected, sentinel):
-    run_load(tiny_dir, tmp_path, expected, sentinel, clients=8, per_client=25)
+def test_load_8_clients_x_12(tiny_dir, tmp_path, expected, sentinel):
+    run_load(tiny_dir, tmp_path, expected, sentinel, clients=8, per_client=12)
