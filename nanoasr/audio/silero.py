@@ -1,0 +1,122 @@
+"""Silero VAD (16 kHz), the trained voice-activity detector, in numpy: a speech probability for every 512-sample
+(32 ms) chunk of a 16 kHz stream.
+
+The network (silero-vad 6.2.3's silero_vad_16k_op15.onnx; weights in silero_vad_16k.npz, converted by
+tools/convert_silero_vad.py, MIT licence in silero_vad_16k.LICENSE) reads each chunk with the 64 samples
+before it (zeros before the stream's start):
+1. STFT as a convolution: the 576 samples, reflect-padded by 64 on the right, in 4 frames of 256 every 128,
+   times 258 basis rows (129 real, 129 imaginary) -> the magnitude of 129 bins per frame;
+2. encoder: four 3-tap convolutions (padding 1, strides 1, 2, 2, 1) with ReLU: 4 frames -> 1 vector of 128;
+3. decoder: one LSTM cell step (128 units; its state carries from chunk to chunk), ReLU, a 128 -> 1 projection,
+   sigmoid.
+Everything but the LSTM is computed for many chunks at once; only the LSTM runs chunk after chunk.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from nanoasr.errors import ModelError
+
+CHUNK = 512  # samples per probability (32 ms at 16 kHz)
+CONTEXT = 64  # samples of the previous chunk each chunk is read with
+HIDDEN = 128  # LSTM units
+N_FFT, STFT_HOP = 256, 128
+BLOCK_CHUNKS = 2048  # chunks computed at once (65 s): the batched temporaries stay a few tens of MB
+WEIGHTS = Path(__file__).with_name("silero_vad_16k.npz")
+
+
+@functools.lru_cache(maxsize=4)
+def load_weights(path: Path = WEIGHTS) -> dict[str, np.ndarray]:
+    """The network's float32 arrays by name (tools/convert_silero_vad.py writes them)."""
+    try:
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files if k != "source"}
+    except OSError as e:
+        raise ModelError(f"Silero VAD weights are not readable at {path} ({e}); tools/convert_silero_vad.py "
+                         "writes them from the silero-vad wheel") from None
+
+
+def spectrum(windows, w):  # [C, CONTEXT + CHUNK] -> [C, 4, 129] STFT magnitude
+    padded = np.pad(windows, ((0, 0), (0, CONTEXT)), mode="reflect")  # [C, 640]
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT, axis=1)[:, ::STFT_HOP]  # [C, 4, 256]
+    basis = w["stft.basis"][:, 0, :]  # [258, 256]
+    parts = frames @ basis.T  # [C, 4, 258]
+    half = basis.shape[0] // 2
+    return np.sqrt(parts[..., :half] ** 2 + parts[..., half:] ** 2)
+
+
+def conv3(x, weight, bias, stride: int):  # [C, T, c_in] -> [C, T', c_out] 3-tap conv, padding 1, ReLU
+    t_out = (x.shape[1] - 1) // stride + 1
+    padded = np.pad(x, ((0, 0), (1, 1), (0, 0)))
+    taps = np.stack([padded[:, k::stride][:, :t_out] for k in range(3)], axis=2)  # [C, T', 3, c_in]
+    kernel = weight.transpose(2, 1, 0).reshape(-1, weight.shape[0])  # [3 * c_in, c_out]
+    y = taps.reshape(len(x), t_out, -1) @ kernel + bias
+    return np.maximum(y, 0.0)
+
+
+def encode(windows, w):  # [C, CONTEXT + CHUNK] -> [C, HIDDEN]
+    x = spectrum(windows, w)
+    for i, stride in enumerate((1, 2, 2, 1)):
+        x = conv3(x, w[f"encoder.{i}.weight"], w[f"encoder.{i}.bias"], stride)
+    return x[:, 0]  # the strides leave one frame
+
+
+def _sigmoid(x):
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow for large negative x
+
+
+def lstm(x, state, w):  # [C, HIDDEN], [2, HIDDEN] (h, c) -> [C, HIDDEN] h per chunk, [2, HIDDEN]
+    """PyTorch's LSTM cell, gates in its order (input, forget, cell, output), one step per chunk."""
+    gates_in = x @ w["lstm.weight_ih"].T + (w["lstm.bias_ih"] + w["lstm.bias_hh"])  # [C, 4 * HIDDEN]
+    w_hh = w["lstm.weight_hh"].T
+    h, c = state[0], state[1]
+    out = np.empty_like(x)
+    for t in range(len(x)):
+        g = gates_in[t] + h @ w_hh
+        i, f, cell, o = g[:HIDDEN], g[HIDDEN:2 * HIDDEN], g[2 * HIDDEN:3 * HIDDEN], g[3 * HIDDEN:]
+        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(cell)
+        h = _sigmoid(o) * np.tanh(c)
+        out[t] = h
+    return out, np.stack((h, c))
+
+
+def forward(windows, state, w):  # [C, CONTEXT + CHUNK], [2, HIDDEN] -> [C] probabilities, [2, HIDDEN]
+    h, state = lstm(encode(windows, w), state, w)
+    logit = np.maximum(h, 0.0) @ w["head.weight"][0, :, 0] + w["head.bias"][0]
+    return _sigmoid(logit).astype(np.float32), state
+
+
+class SileroStream:
+    """Speech probabilities of a 16 kHz stream fed in pieces of any size: one per whole 512-sample chunk, the
+    same numbers however the stream is cut. Holds the LSTM state, the last CONTEXT samples and the samples
+    not yet in a whole chunk."""
+
+    def __init__(self, weights: dict[str, np.ndarray] | None = None):
+        self.weights = load_weights() if weights is None else weights
+        self.state = np.zeros((2, HIDDEN), np.float32)
+        self.context = np.zeros(CONTEXT, np.float32)
+        self.tail = np.zeros(0, np.float32)
+        self.chunks = 0  # chunks scored so far: chunk k covers samples [k * CHUNK, (k + 1) * CHUNK)
+
+    def feed(self, samples):  # [N] float32 -> [K] probabilities of the chunks completed
+        wave = np.concatenate((self.context, self.tail, np.asarray(samples, np.float32)))
+        n_chunks = (len(wave) - CONTEXT) // CHUNK
+        self.tail = wave[CONTEXT + n_chunks * CHUNK:]
+        out = np.empty(n_chunks, np.float32)
+        for first in range(0, n_chunks, BLOCK_CHUNKS):
+            count = min(BLOCK_CHUNKS, n_chunks - first)
+            span = wave[first * CHUNK:(first + count) * CHUNK + CONTEXT]
+            windows = np.lib.stride_tricks.sliding_window_view(span, CONTEXT + CHUNK)[::CHUNK]  # [count, 576]
+            out[first:first + count], self.state = forward(windows, self.state, self.weights)
+        if n_chunks:
+            self.context = wave[CONTEXT + n_chunks * CHUNK - CONTEXT:CONTEXT + n_chunks * CHUNK]
+        self.chunks += n_chunks
+        return out
+
+
+def speech_probabilities(wave, weights: dict[str, np.ndarray] | None = None):
+    """[N] float32 at 16 kHz -> [N // CHUNK] speech probability of each whole 512-sample chunk."""
+    return SileroStream(weights).feed(wave)
