@@ -35,8 +35,8 @@ def speech_and_noise(folder, snr_db: float, seed: int):  # -> [N] float32: 1 s s
 
 def test_weights_shapes():
     w = silero.load_weights()
-    assert w["stft.basis"].shape == (2 * 129, 1, silero.N_FFT)
-    assert w["lstm.weight_hh"].shape == (4 * silero.HIDDEN, silero.HIDDEN)
+    assert w["stft"].shape == (silero.N_FFT, 2 * 129)
+    assert w["lstm.hidden"].shape == (silero.HIDDEN, 4 * silero.HIDDEN)
     assert all(v.dtype == np.float32 for v in w.values())
 
 

@@ -42,13 +42,13 @@ def session(wheel, tmp_path_factory):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def onnx_probabilities(session, wave):  # [N] -> [N // 512], chunk by chunk as silero-vad's OnnxWrapper feeds it
+def onnx_probabilities(session, wave):  # [N] -> [N // 512], chunk by chunk as silero-vad's OnnxWrapper does
     state = np.zeros((2, 1, silero.HIDDEN), np.float32)
     window = np.zeros((1, silero.CONTEXT + silero.CHUNK), np.float32)
     out = []
     for k in range(len(wave) // silero.CHUNK):
-        window = np.concatenate((window[:, -silero.CONTEXT:], wave[None, k * silero.CHUNK:(k + 1) * silero.CHUNK]),
-                                axis=1)
+        chunk = wave[None, k * silero.CHUNK:(k + 1) * silero.CHUNK]
+        window = np.concatenate((window[:, -silero.CONTEXT:], chunk), axis=1)
         prob, state = session.run(None, {"input": window, "state": state, "sr": np.array(16000, np.int64)})
         out.append(prob[0, 0])
     return np.array(out, np.float32), state[:, 0]
@@ -77,6 +77,6 @@ def test_probabilities_match_onnxruntime(session, snr_db, seed, tmp_path):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     h, c = stream.state
     np.testing.assert_allclose(h, want_state[0], rtol=0, atol=1e-5)
-    # the cell state is not squashed (|c| reaches tens): float32 rounding over hundreds of steps scales with it
+    # the cell state is not squashed (|c| reaches tens): float32 rounding over many steps scales with it
     np.testing.assert_allclose(c, want_state[1], rtol=0, atol=1e-5 * max(1.0, np.abs(want_state[1]).max()))
     assert want.min() < 0.1 and want.max() > 0.9  # the clip holds both speech and silence

@@ -1,5 +1,5 @@
-"""Silero VAD's 16 kHz weights, from the silero-vad wheel into nanoasr/audio/silero_vad_16k.npz (float32), with
-Silero's licence beside them.
+"""Silero VAD's 16 kHz weights, from the silero-vad wheel into nanoasr/audio/silero_vad_16k.npz (float32),
+with Silero's licence beside them.
 
     pip download --no-deps silero-vad==6.2.3 -d /tmp/silero
     python tools/convert_silero_vad.py /tmp/silero/silero_vad-6.2.3-py3-none-any.whl
@@ -38,9 +38,10 @@ def read_wheel(wheel: Path) -> tuple[bytes, str, str]:
     """The onnx model's bytes, the licence text and the wheel's name-version from a silero-vad wheel."""
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
-        licences = [n for n in names if n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE")]
+        licences = [n for n in names if n.endswith((".dist-info/licenses/LICENSE", ".dist-info/LICENSE"))]
         if MODEL not in names or not licences:
-            raise SystemExit(f"{wheel}: not a silero-vad wheel (expected {MODEL} and a LICENSE in its dist-info)")
+            raise SystemExit(f"{wheel}: not a silero-vad wheel (expected {MODEL} and a LICENSE in its "
+                             "dist-info)")
         return z.read(MODEL), z.read(licences[0]).decode("utf-8"), licences[0].split(".dist-info")[0]
 
 
@@ -64,8 +65,10 @@ def weights(model_bytes: bytes) -> dict[str, np.ndarray]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("wheel", type=Path, help="silero_vad-*.whl (pip download --no-deps silero-vad==6.2.3)")
-    parser.add_argument("--out", type=Path, default=OUT, help="directory for silero_vad_16k.npz and its licence")
+    parser.add_argument("wheel", type=Path,
+                        help="silero_vad-*.whl (pip download --no-deps silero-vad==6.2.3)")
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help="directory for silero_vad_16k.npz and its licence")
     args = parser.parse_args(argv)
     model_bytes, licence, release = read_wheel(args.wheel)
     tensors = weights(model_bytes)

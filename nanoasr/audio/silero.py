@@ -1,5 +1,5 @@
-"""Silero VAD (16 kHz), the trained voice-activity detector, in numpy: a speech probability for every 512-sample
-(32 ms) chunk of a 16 kHz stream.
+"""Silero VAD (16 kHz), the trained voice-activity detector, in numpy: a speech probability for every
+512-sample (32 ms) chunk of a 16 kHz stream.
 
 The network (silero-vad 6.2.3's silero_vad_16k_op15.onnx; weights in silero_vad_16k.npz, converted by
 tools/convert_silero_vad.py, MIT licence in silero_vad_16k.LICENSE) reads each chunk with the 64 samples
@@ -7,8 +7,8 @@ before it (zeros before the stream's start):
 1. STFT as a convolution: the 576 samples, reflect-padded by 64 on the right, in 4 frames of 256 every 128,
    times 258 basis rows (129 real, 129 imaginary) -> the magnitude of 129 bins per frame;
 2. encoder: four 3-tap convolutions (padding 1, strides 1, 2, 2, 1) with ReLU: 4 frames -> 1 vector of 128;
-3. decoder: one LSTM cell step (128 units; its state carries from chunk to chunk), ReLU, a 128 -> 1 projection,
-   sigmoid.
+3. decoder: one LSTM cell step (128 units; its state carries from chunk to chunk), ReLU, a 128 -> 1
+   projection, sigmoid.
 Everything but the LSTM is computed for many chunks at once; only the LSTM runs chunk after chunk.
 """
 from __future__ import annotations
@@ -30,37 +30,47 @@ WEIGHTS = Path(__file__).with_name("silero_vad_16k.npz")
 
 @functools.lru_cache(maxsize=4)
 def load_weights(path: Path = WEIGHTS) -> dict[str, np.ndarray]:
-    """The network's float32 arrays by name (tools/convert_silero_vad.py writes them)."""
+    """The network's float32 arrays (tools/convert_silero_vad.py writes them), laid out for the products
+    below: stft [256, 258]; encoder.{i}.kernel [3 * c_in, c_out] (tap-major) and .bias [c_out];
+    lstm.input, lstm.hidden [128, 512] and lstm.bias [512] (both biases summed); head.weight [128], head.bias
+    []."""
     try:
         with np.load(path) as z:
-            return {k: z[k] for k in z.files if k != "source"}
+            raw = {k: z[k] for k in z.files if k != "source"}
     except OSError as e:
         raise ModelError(f"Silero VAD weights are not readable at {path} ({e}); tools/convert_silero_vad.py "
                          "writes them from the silero-vad wheel") from None
+    w = {"stft": raw["stft.basis"][:, 0, :].T, "lstm.input": raw["lstm.weight_ih"].T,
+         "lstm.hidden": raw["lstm.weight_hh"].T, "lstm.bias": raw["lstm.bias_ih"] + raw["lstm.bias_hh"],
+         "head.weight": raw["head.weight"][0, :, 0], "head.bias": raw["head.bias"][0]}
+    for i in range(4):
+        weight = raw[f"encoder.{i}.weight"]  # [c_out, c_in, 3]
+        w[f"encoder.{i}.kernel"] = weight.transpose(2, 1, 0).reshape(-1, weight.shape[0])
+        w[f"encoder.{i}.bias"] = raw[f"encoder.{i}.bias"]
+    return {name: np.ascontiguousarray(a) for name, a in w.items()}
 
 
 def spectrum(windows, w):  # [C, CONTEXT + CHUNK] -> [C, 4, 129] STFT magnitude
-    padded = np.pad(windows, ((0, 0), (0, CONTEXT)), mode="reflect")  # [C, 640]
+    reflected = windows[:, -2:-CONTEXT - 2:-1]  # the right edge mirrored, edge sample excluded
+    padded = np.concatenate((windows, reflected), axis=1)  # [C, 640]
     frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT, axis=1)[:, ::STFT_HOP]  # [C, 4, 256]
-    basis = w["stft.basis"][:, 0, :]  # [258, 256]
-    parts = frames @ basis.T  # [C, 4, 258]
-    half = basis.shape[0] // 2
+    parts = frames @ w["stft"]  # [C, 4, 258]: 129 real parts, then 129 imaginary
+    half = parts.shape[-1] // 2
     return np.sqrt(parts[..., :half] ** 2 + parts[..., half:] ** 2)
 
 
-def conv3(x, weight, bias, stride: int):  # [C, T, c_in] -> [C, T', c_out] 3-tap conv, padding 1, ReLU
+def conv3(x, kernel, bias, stride: int):  # [C, T, c_in] -> [C, T', c_out] 3-tap conv, padding 1, ReLU
     t_out = (x.shape[1] - 1) // stride + 1
-    padded = np.pad(x, ((0, 0), (1, 1), (0, 0)))
-    taps = np.stack([padded[:, k::stride][:, :t_out] for k in range(3)], axis=2)  # [C, T', 3, c_in]
-    kernel = weight.transpose(2, 1, 0).reshape(-1, weight.shape[0])  # [3 * c_in, c_out]
-    y = taps.reshape(len(x), t_out, -1) @ kernel + bias
-    return np.maximum(y, 0.0)
+    edge = np.zeros((len(x), 1, x.shape[2]), x.dtype)
+    padded = np.concatenate((edge, x, edge), axis=1)
+    taps = np.concatenate([padded[:, k::stride][:, :t_out] for k in range(3)], axis=2)  # [C, T', 3 * c_in]
+    return np.maximum(taps @ kernel + bias, 0.0)
 
 
 def encode(windows, w):  # [C, CONTEXT + CHUNK] -> [C, HIDDEN]
     x = spectrum(windows, w)
     for i, stride in enumerate((1, 2, 2, 1)):
-        x = conv3(x, w[f"encoder.{i}.weight"], w[f"encoder.{i}.bias"], stride)
+        x = conv3(x, w[f"encoder.{i}.kernel"], w[f"encoder.{i}.bias"], stride)
     return x[:, 0]  # the strides leave one frame
 
 
@@ -70,8 +80,8 @@ def _sigmoid(x):
 
 def lstm(x, state, w):  # [C, HIDDEN], [2, HIDDEN] (h, c) -> [C, HIDDEN] h per chunk, [2, HIDDEN]
     """PyTorch's LSTM cell, gates in its order (input, forget, cell, output), one step per chunk."""
-    gates_in = x @ w["lstm.weight_ih"].T + (w["lstm.bias_ih"] + w["lstm.bias_hh"])  # [C, 4 * HIDDEN]
-    w_hh = w["lstm.weight_hh"].T
+    gates_in = x @ w["lstm.input"] + w["lstm.bias"]  # [C, 4 * HIDDEN]
+    w_hh = w["lstm.hidden"]
     h, c = state[0], state[1]
     out = np.empty_like(x)
     for t in range(len(x)):
@@ -85,7 +95,7 @@ def lstm(x, state, w):  # [C, HIDDEN], [2, HIDDEN] (h, c) -> [C, HIDDEN] h per c
 
 def forward(windows, state, w):  # [C, CONTEXT + CHUNK], [2, HIDDEN] -> [C] probabilities, [2, HIDDEN]
     h, state = lstm(encode(windows, w), state, w)
-    logit = np.maximum(h, 0.0) @ w["head.weight"][0, :, 0] + w["head.bias"][0]
+    logit = np.maximum(h, 0.0) @ w["head.weight"] + w["head.bias"]
     return _sigmoid(logit).astype(np.float32), state
 
 

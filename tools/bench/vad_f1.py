@@ -1,0 +1,206 @@
+"""Frame-level F1 of the segmenter's speech detectors (nanoasr.audio.segment, vad="energy" and "silero") on a
+labelled set built here: espeak-ng sentences in several voices with pauses between them, mixed with noise beds
+(white, pink, babble made of other sentences, a music-like bed of chords) at several SNRs.
+
+    python tools/bench/vad_f1.py --out docs/reports/vad.md
+
+Truth: a 10 ms frame is speech where the clean speech's 25 ms RMS lies within TRUTH_RANGE_DB of that sentence's
+loudest frame, with gaps shorter than the segmenter's MIN_PAUSE_S bridged (pauses between words are speech, as
+both detectors treat them). Each detector is scored on the speech regions the segmenter keeps (padded by PAD_S,
+before segments are merged), a frame counting as detected when its centre lies in a region.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from nanoasr.audio import SAMPLE_RATE as SR
+from nanoasr.audio import segment
+
+VOICES = ("en-us", "en", "en-gb-scotland", "en-029", "en-us+f3", "en+m3")
+SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Please call Stella and ask her to bring these things with her from the store.",
+    "Six spoons of fresh snow peas, five thick slabs of blue cheese, and maybe a snack for her brother Bob.",
+    "We also need a small plastic snake and a big toy frog for the kids.",
+    "She can scoop these things into three red bags, and we will go meet her Wednesday at the train station.",
+    "When the sunlight strikes raindrops in the air, they act as a prism and form a rainbow.",
+    "The rainbow is a division of white light into many beautiful colors.",
+    "These take the shape of a long round arch, with its path high above.",
+)
+BABBLE = ("Numbers and letters are read aloud by a crowd of people in the next room.",
+          "A meeting goes on behind the wall, with several voices talking at once about the budget.",
+          "Somebody laughs, somebody else answers, and a third person keeps on telling a long story.")
+NOISES = ("white", "pink", "babble", "music")
+SNRS_DB = (None, 20, 10, 5, 0)  # None: the clean clip
+TRUTH_RANGE_DB = 35.0
+SPEECH_RMS = 0.05  # about -26 dBFS
+VADS = ("energy", "silero")
+
+
+def espeak(text: str, voice: str, folder: Path) -> np.ndarray:  # -> [N] float32 at 16 kHz
+    import soundfile as sf
+    import soxr
+
+    path = folder / "say.wav"
+    subprocess.run(["espeak-ng", "-v", voice, "-w", str(path), text], check=True, capture_output=True)
+    x, rate = sf.read(path, dtype="float32")
+    return soxr.resample(x, rate, SR).astype(np.float32)
+
+
+def frame_rms_db(x):  # [N] -> [N // hop] dB of the 25 ms window starting at each 10 ms step
+    hop, frame = SR // 100, round(segment.FRAME_S * SR)
+    padded = np.concatenate((x, np.zeros(frame, np.float32)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, frame)[::hop][:len(x) // hop]
+    return 10 * np.log10(np.mean(windows.astype(np.float64) ** 2, axis=1) + 1e-12)
+
+
+def truth_frames(part):  # [N] one sentence -> [N // hop] bool
+    db = frame_rms_db(part)
+    speech = db > db.max() - TRUTH_RANGE_DB
+    starts, ends = segment._runs(speech)
+    for gap_start, gap_end in zip(ends[:-1], starts[1:]):
+        if gap_end - gap_start < round(segment.MIN_PAUSE_S / segment.HOP_S):
+            speech[gap_start:gap_end] = True
+    return speech
+
+
+def speech_track(seed: int, seconds: float, folder: Path):  # -> ([N] clean speech, [N // hop] truth)
+    rng = np.random.default_rng(seed)
+    parts, labels, total = [], [], 0
+    while total < seconds * SR:
+        pause = np.zeros(int(rng.uniform(0.4, 2.5) * SR) // 160 * 160, np.float32)
+        voice = espeak(SENTENCES[rng.integers(len(SENTENCES))], VOICES[rng.integers(len(VOICES))], folder)
+        voice = voice[:len(voice) // 160 * 160]
+        voice *= SPEECH_RMS / np.sqrt(np.mean(voice[truth_frames(voice).repeat(160)] ** 2))
+        parts += [pause, voice]
+        labels += [np.zeros(len(pause) // 160, bool), truth_frames(voice)]
+        total += len(pause) + len(voice)
+    tail = np.zeros(SR, np.float32)
+    return np.concatenate(parts + [tail]), np.concatenate(labels + [np.zeros(SR // 160, bool)])
+
+
+def pink(n: int, rng):  # [n] noise with power falling as 1/f
+    spectrum = np.fft.rfft(rng.standard_normal(n))
+    f = np.fft.rfftfreq(n, 1 / SR)
+    spectrum[1:] /= np.sqrt(f[1:])
+    spectrum[0] = 0
+    return np.fft.irfft(spectrum, n)
+
+
+def music(n: int, rng):  # [n] chords of harmonic tones, a new chord every half second, each note decaying
+    out, step = np.zeros(n), SR // 2
+    t = np.arange(step) / SR
+    for at in range(0, n, step):
+        root = 110 * 2 ** (rng.integers(0, 24) / 12)
+        chord = sum(np.sin(2 * np.pi * root * 2 ** (k / 12) * h * t) / h
+                    for k in (0, 4, 7) for h in (1, 2, 3))
+        out[at:at + step] = (chord * np.exp(-3 * t))[:n - at]
+    return out
+
+
+def babble(n: int, folder: Path, rng):  # [n] four other voices speaking at once, without pauses
+    streams = []
+    for k in range(4):
+        pieces, length = [], 0
+        while length < n:
+            piece = espeak(BABBLE[rng.integers(len(BABBLE))], VOICES[rng.integers(len(VOICES))], folder)
+            pieces.append(piece / np.sqrt(np.mean(piece ** 2)))
+            length += len(piece)
+        streams.append(np.concatenate(pieces)[:n])
+    return np.sum(streams, axis=0)
+
+
+def noise_bed(kind: str, n: int, folder: Path, rng):
+    if kind == "white":
+        return rng.standard_normal(n)
+    if kind == "pink":
+        return pink(n, rng)
+    return babble(n, folder, rng) if kind == "babble" else music(n, rng)
+
+
+def mix(speech, truth, bed, snr_db):  # -> [N] float32: the bed scaled to `snr_db` below the speech's power
+    if snr_db is None:
+        return speech + np.float32(1e-4) * np.random.default_rng(0).standard_normal(len(speech)).astype(np.float32)
+    speech_power = np.mean(speech[truth.repeat(160)] ** 2)
+    bed = bed * np.sqrt(speech_power / 10 ** (snr_db / 10) / np.mean(bed ** 2))
+    return (speech + bed).astype(np.float32)
+
+
+def detected(wave, vad: str, n_frames: int):  # -> [n_frames] bool: frame centre inside a kept region
+    frame, hop = round(segment.FRAME_S * SR), round(segment.HOP_S * SR)
+    db = segment.frame_db(wave, frame, hop)
+    lo, hi = segment.speech_samples(wave, db, vad, SR)
+    covered = np.zeros(len(wave) + 1, np.int32)
+    np.add.at(covered, lo, 1)
+    np.add.at(covered, hi, -1)
+    inside = np.cumsum(covered)[:-1] > 0
+    return inside[np.arange(n_frames) * hop + hop // 2]
+
+
+def f1(found, truth) -> float:
+    tp = np.sum(found & truth)
+    return 2 * tp / max(1, np.sum(found) + np.sum(truth))
+
+
+def measure(seconds: float, folder: Path) -> dict:
+    """{(noise, snr): {vad: F1}} and {vad: seconds spent} over every clip."""
+    scores, spent = {}, dict.fromkeys(VADS, 0.0)
+    for i, kind in enumerate(NOISES):
+        speech, truth = speech_track(100 + i, seconds, folder)
+        bed = noise_bed(kind, len(speech), folder, np.random.default_rng(200 + i))
+        for snr in SNRS_DB:
+            wave = mix(speech, truth, bed, snr)
+            for vad in VADS:
+                start = time.perf_counter()
+                found = detected(wave, vad, len(truth))
+                spent[vad] += time.perf_counter() - start
+                scores.setdefault((kind, snr), {})[vad] = f1(found, truth)
+    return scores, spent
+
+
+def report(scores: dict, spent: dict, seconds: float, audio_s: float) -> str:
+    snr_name = {None: "clean"}
+    lines = ["# Speech detectors of the segmenter: frame-level F1", "",
+             "`python tools/bench/vad_f1.py --out docs/reports/vad.md` "
+             f"({platform.machine()}, {platform.processor() or 'CPU'}; a machine shared with other work, "
+             "timings noisy). One synthesized track of about "
+             f"{seconds:.0f} s per noise bed: espeak-ng sentences in {len(VOICES)} voices with 0.4-2.5 s pauses, "
+             "the bed mixed at each SNR (speech power over bed power). F1 of speech frames, 10 ms frames; "
+             "the module docstring says how truth and detections are framed.", "",
+             "| bed | SNR | energy | silero |", "|---|---|---|---|"]
+    for (kind, snr), row in scores.items():
+        lines.append(f"| {kind} | {snr_name.get(snr, f'{snr} dB')} | {row['energy']:.3f} | "
+                     f"{row['silero']:.3f} |")
+    means = {vad: np.mean([row[vad] for row in scores.values()]) for vad in VADS}
+    lines += ["", "| | energy | silero |", "|---|---|---|",
+              f"| mean F1 | {means['energy']:.3f} | {means['silero']:.3f} |",
+              "| ms per minute of audio | " + " | ".join(f"{spent[v] / audio_s * 60e3:.0f}" for v in VADS) + " |",
+              ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=45.0, help="length of each speech track")
+    parser.add_argument("--out", type=Path, default=None, help="write the report here (else print it)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        scores, spent = measure(args.seconds, Path(folder))
+    audio_s = len(SNRS_DB) * len(NOISES) * args.seconds
+    text = report(scores, spent, args.seconds, audio_s)
+    if args.out is None:
+        print(text)
+    else:
+        args.out.write_text(text, encoding="utf-8")
+        print(text)
+
+
+if __name__ == "__main__":
+    main()
