@@ -1,10 +1,11 @@
-"""The Silero streaming detector (nanoasr.audio.vad.SileroVad) on synthesized speech: each sentence found, the
-silence schedule waited out, the same transitions however the stream is cut, and a live session endpointing
-speech with it by default."""
+"""The Silero detectors on synthesized speech: the streaming one (nanoasr.audio.vad.SileroVad) finds each
+sentence, waits out the silence schedule, gives the same transitions however the stream is cut, and endpoints
+a live session by default; the segmenter's vad="silero" keeps speech in loud noise and skips the pauses."""
 import numpy as np
 import pytest
 
 from nanoasr.audio import silero
+from nanoasr.audio.segment import split
 from nanoasr.audio.vad import DEFAULT_VAD, SileroVad, StreamingVad, streaming_vad
 from nanoasr.errors import OptionError
 from nanoasr.realtime import Committed, Limits, LiveSession, SpeechStarted, TurnDetection
@@ -79,3 +80,29 @@ def test_a_live_session_endpoints_speech_by_default(tmp_path):
     assert len(of(events, SpeechStarted)) == len(truth)
     for (start, end), c in zip(truth, of(events, Committed)):
         assert c.audio_start_ms * 16 <= start and abs(c.audio_end_ms * 16 - end) < 0.5 * SR
+
+
+@needs_espeak
+def test_the_segmenter_with_silero_keeps_speech_in_loud_noise_and_skips_the_pauses(tmp_path):
+    clip, truth = sentences_clip(tmp_path)
+    speech_power = np.mean(np.concatenate([clip[a:b] for a, b in truth]) ** 2)
+    noise = np.random.default_rng(9).standard_normal(len(clip)).astype(np.float32)
+    wave = clip + noise * np.float32(np.sqrt(speech_power / 10 ** (3 / 10)))  # 3 dB SNR
+    spans = split(wave, vad="silero")
+    covered = np.zeros(len(wave), bool)
+    for s in spans:
+        covered[s.start:s.end] = True
+    for start, end in truth:
+        assert covered[start + SR // 10:end - SR // 10].all()
+    for (_, end), (start, _) in zip(truth, truth[1:]):
+        assert not covered[(end + start) // 2]  # the middle of each 2 s pause
+    assert not covered[:SR // 2].any()
+
+
+def test_the_segmenter_refuses_an_unknown_detector_and_silero_off_16k():
+    with pytest.raises(OptionError, match="vad must be one of energy, silero"):
+        split(np.zeros(SR, np.float32), vad="webrtc")
+    with pytest.raises(OptionError, match="vad must be one of"):
+        Options(vad="webrtc")
+    with pytest.raises(OptionError, match="16 kHz"):
+        split(np.sin(np.arange(SR, dtype=np.float32)), sample_rate=8000, vad="silero")
