@@ -10,7 +10,7 @@ from nanoasr.audio.vad import DEFAULT_VAD, SileroVad, StreamingVad, streaming_va
 from nanoasr.errors import OptionError
 from nanoasr.realtime import Committed, Limits, LiveSession, SpeechStarted, TurnDetection
 from nanoasr.api import Options
-from tests.test_realtime import Scripted, feed, of
+from tests.test_realtime import Scripted, feed, of, speech
 from tests.test_silero import SENTENCES, espeak, needs_espeak
 
 SR = 16000
@@ -106,3 +106,9 @@ def test_the_segmenter_refuses_an_unknown_detector_and_silero_off_16k():
         Options(vad="webrtc")
     with pytest.raises(OptionError, match="16 kHz"):
         split(np.sin(np.arange(SR, dtype=np.float32)), sample_rate=8000, vad="silero")
+
+
+def test_transcribe_hands_its_detector_to_the_segmenter(fast_model):
+    tone = speech(3.0)  # a voiced tone: loud enough for the energy detector, no speech to Silero
+    assert len(fast_model.transcribe(tone, sample_rate=SR, max_new_tokens=2).segments) == 1
+    assert fast_model.transcribe(tone, sample_rate=SR, max_new_tokens=2, vad="silero").segments == ()

@@ -32,8 +32,9 @@ WEIGHTS = Path(__file__).with_name("silero_vad_16k.npz")
 def load_weights(path: Path = WEIGHTS) -> dict[str, np.ndarray]:
     """The network's float32 arrays (tools/convert_silero_vad.py writes them), laid out for the products
     below: stft [256, 258]; encoder.{i}.kernel [3 * c_in, c_out] (tap-major) and .bias [c_out];
-    lstm.input, lstm.hidden [128, 512] and lstm.bias [512] (both biases summed); head.weight [128], head.bias
-    []."""
+    lstm.input, lstm.hidden [128, 512] and lstm.bias [512] (both biases summed; the sigmoid gates' columns
+    halved, exactly, so one tanh gives every gate: sigmoid(x) = (1 + tanh(x / 2)) / 2); head.weight [128],
+    head.bias []."""
     try:
         with np.load(path) as z:
             raw = {k: z[k] for k in z.files if k != "source"}
@@ -43,6 +44,10 @@ def load_weights(path: Path = WEIGHTS) -> dict[str, np.ndarray]:
     w = {"stft": raw["stft.basis"][:, 0, :].T, "lstm.input": raw["lstm.weight_ih"].T,
          "lstm.hidden": raw["lstm.weight_hh"].T, "lstm.bias": raw["lstm.bias_ih"] + raw["lstm.bias_hh"],
          "head.weight": raw["head.weight"][0, :, 0], "head.bias": raw["head.bias"][0]}
+    half = np.full(4 * HIDDEN, 0.5, np.float32)
+    half[2 * HIDDEN:3 * HIDDEN] = 1.0  # the cell candidate is a tanh already
+    for name in ("lstm.input", "lstm.hidden", "lstm.bias"):
+        w[name] = w[name] * half
     for i in range(4):
         weight = raw[f"encoder.{i}.weight"]  # [c_out, c_in, 3]
         w[f"encoder.{i}.kernel"] = weight.transpose(2, 1, 0).reshape(-1, weight.shape[0])
@@ -54,8 +59,9 @@ def spectrum(windows, w):  # [C, CONTEXT + CHUNK] -> [C, 4, 129] STFT magnitude
     reflected = windows[:, -2:-CONTEXT - 2:-1]  # the right edge mirrored, edge sample excluded
     padded = np.concatenate((windows, reflected), axis=1)  # [C, 640]
     frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT, axis=1)[:, ::STFT_HOP]  # [C, 4, 256]
-    parts = frames @ w["stft"]  # [C, 4, 258]: 129 real parts, then 129 imaginary
-    half = parts.shape[-1] // 2
+    parts = frames.reshape(-1, N_FFT) @ w["stft"]  # [C * 4, 258]: one product for every chunk and frame
+    parts = parts.reshape(len(windows), -1, parts.shape[1])  # [C, 4, 258]
+    half = parts.shape[-1] // 2  # 129 real parts, then 129 imaginary
     return np.sqrt(parts[..., :half] ** 2 + parts[..., half:] ** 2)
 
 
@@ -64,7 +70,8 @@ def conv3(x, kernel, bias, stride: int):  # [C, T, c_in] -> [C, T', c_out] 3-tap
     edge = np.zeros((len(x), 1, x.shape[2]), x.dtype)
     padded = np.concatenate((edge, x, edge), axis=1)
     taps = np.concatenate([padded[:, k::stride][:, :t_out] for k in range(3)], axis=2)  # [C, T', 3 * c_in]
-    return np.maximum(taps @ kernel + bias, 0.0)
+    y = taps.reshape(-1, taps.shape[2]) @ kernel + bias  # one product for every chunk and frame
+    return np.maximum(y, 0.0).reshape(len(x), t_out, -1)
 
 
 def encode(windows, w):  # [C, CONTEXT + CHUNK] -> [C, HIDDEN]
@@ -79,16 +86,17 @@ def _sigmoid(x):
 
 
 def lstm(x, state, w):  # [C, HIDDEN], [2, HIDDEN] (h, c) -> [C, HIDDEN] h per chunk, [2, HIDDEN]
-    """PyTorch's LSTM cell, gates in its order (input, forget, cell, output), one step per chunk."""
+    """PyTorch's LSTM cell, gates in its order (input, forget, cell, output), one step per chunk; the
+    weights come with the sigmoid gates halved (load_weights): tanh of the pre-activations gives all four."""
     gates_in = x @ w["lstm.input"] + w["lstm.bias"]  # [C, 4 * HIDDEN]
     w_hh = w["lstm.hidden"]
     h, c = state[0], state[1]
     out = np.empty_like(x)
     for t in range(len(x)):
-        g = gates_in[t] + h @ w_hh
+        g = np.tanh(gates_in[t] + h @ w_hh)
         i, f, cell, o = g[:HIDDEN], g[HIDDEN:2 * HIDDEN], g[2 * HIDDEN:3 * HIDDEN], g[3 * HIDDEN:]
-        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(cell)
-        h = _sigmoid(o) * np.tanh(c)
+        c = 0.5 * ((1.0 + f) * c + (1.0 + i) * cell)
+        h = 0.5 * (1.0 + o) * np.tanh(c)
         out[t] = h
     return out, np.stack((h, c))
 
