@@ -25,6 +25,10 @@ CONTEXT = 64  # samples of the previous chunk each chunk is read with
 HIDDEN = 128  # LSTM units
 N_FFT, STFT_HOP = 256, 128
 BLOCK_CHUNKS = 2048  # chunks computed at once (65 s): the batched temporaries stay a few tens of MB
+# Products of fewer rows than this run in numpy's own loop (einsum), not BLAS: a threaded BLAS splits even a
+# 12-row product across its threads, which on a busy machine made a live session's 0.1 s of audio cost
+# tens of ms instead of one.
+BLAS_MIN_ROWS = 256
 WEIGHTS = Path(__file__).with_name("silero_vad_16k.npz")
 
 
@@ -55,11 +59,17 @@ def load_weights(path: Path = WEIGHTS) -> dict[str, np.ndarray]:
     return {name: np.ascontiguousarray(a) for name, a in w.items()}
 
 
+def product(a, b):  # [..., K] @ [K, N] -> [..., N]
+    if a.size // a.shape[-1] < BLAS_MIN_ROWS:
+        return np.einsum("...k,kn->...n", a, b)
+    return a @ b
+
+
 def spectrum(windows, w):  # [C, CONTEXT + CHUNK] -> [C, 4, 129] STFT magnitude
     reflected = windows[:, -2:-CONTEXT - 2:-1]  # the right edge mirrored, edge sample excluded
     padded = np.concatenate((windows, reflected), axis=1)  # [C, 640]
     frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT, axis=1)[:, ::STFT_HOP]  # [C, 4, 256]
-    parts = frames.reshape(-1, N_FFT) @ w["stft"]  # [C * 4, 258]: one product for every chunk and frame
+    parts = product(frames.reshape(-1, N_FFT), w["stft"])  # [C * 4, 258]: every chunk and frame at once
     parts = parts.reshape(len(windows), -1, parts.shape[1])  # [C, 4, 258]
     half = parts.shape[-1] // 2  # 129 real parts, then 129 imaginary
     return np.sqrt(parts[..., :half] ** 2 + parts[..., half:] ** 2)
@@ -70,7 +80,7 @@ def conv3(x, kernel, bias, stride: int):  # [C, T, c_in] -> [C, T', c_out] 3-tap
     edge = np.zeros((len(x), 1, x.shape[2]), x.dtype)
     padded = np.concatenate((edge, x, edge), axis=1)
     taps = np.concatenate([padded[:, k::stride][:, :t_out] for k in range(3)], axis=2)  # [C, T', 3 * c_in]
-    y = taps.reshape(-1, taps.shape[2]) @ kernel + bias  # one product for every chunk and frame
+    y = product(taps.reshape(-1, taps.shape[2]), kernel) + bias  # one product for every chunk and frame
     return np.maximum(y, 0.0).reshape(len(x), t_out, -1)
 
 
@@ -88,12 +98,12 @@ def _sigmoid(x):
 def lstm(x, state, w):  # [C, HIDDEN], [2, HIDDEN] (h, c) -> [C, HIDDEN] h per chunk, [2, HIDDEN]
     """PyTorch's LSTM cell, gates in its order (input, forget, cell, output), one step per chunk; the
     weights come with the sigmoid gates halved (load_weights): tanh of the pre-activations gives all four."""
-    gates_in = x @ w["lstm.input"] + w["lstm.bias"]  # [C, 4 * HIDDEN]
+    gates_in = product(x, w["lstm.input"]) + w["lstm.bias"]  # [C, 4 * HIDDEN]
     w_hh = w["lstm.hidden"]
     h, c = state[0], state[1]
     out = np.empty_like(x)
     for t in range(len(x)):
-        g = np.tanh(gates_in[t] + h @ w_hh)
+        g = np.tanh(gates_in[t] + np.einsum("k,kn->n", h, w_hh))  # one row: never BLAS (see BLAS_MIN_ROWS)
         i, f, cell, o = g[:HIDDEN], g[HIDDEN:2 * HIDDEN], g[2 * HIDDEN:3 * HIDDEN], g[3 * HIDDEN:]
         c = 0.5 * ((1.0 + f) * c + (1.0 + i) * cell)
         h = 0.5 * (1.0 + o) * np.tanh(c)
@@ -103,7 +113,7 @@ def lstm(x, state, w):  # [C, HIDDEN], [2, HIDDEN] (h, c) -> [C, HIDDEN] h per c
 
 def forward(windows, state, w):  # [C, CONTEXT + CHUNK], [2, HIDDEN] -> [C] probabilities, [2, HIDDEN]
     h, state = lstm(encode(windows, w), state, w)
-    logit = np.maximum(h, 0.0) @ w["head.weight"] + w["head.bias"]
+    logit = product(np.maximum(h, 0.0), w["head.weight"][:, None])[:, 0] + w["head.bias"]
     return _sigmoid(logit).astype(np.float32), state
 
 
