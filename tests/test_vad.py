@@ -1,6 +1,8 @@
 """The Silero detectors on synthesized speech: the streaming one (nanoasr.audio.vad.SileroVad) finds each
 sentence, waits out the silence schedule, gives the same transitions however the stream is cut, and endpoints
 a live session by default; the segmenter's vad="silero" keeps speech in loud noise and skips the pauses."""
+import inspect
+
 import numpy as np
 import pytest
 
@@ -112,3 +114,15 @@ def test_transcribe_hands_its_detector_to_the_segmenter(fast_model):
     tone = speech(3.0)  # a voiced tone: loud enough for the energy detector, no speech to Silero
     assert len(fast_model.transcribe(tone, sample_rate=SR, max_new_tokens=2).segments) == 1
     assert fast_model.transcribe(tone, sample_rate=SR, max_new_tokens=2, vad="silero").segments == ()
+
+
+def test_every_entry_point_has_the_same_defaults():
+    """Offline: the segmenter's energy detector (docs/reports/vad.md says why); live: Silero."""
+    from nanoasr.api import Model
+    from nanoasr.cli import serve, stream, transcribe
+
+    assert inspect.signature(Model.transcribe).parameters["vad"].default == Options().vad == "energy"
+    assert inspect.signature(split).parameters["vad"].default == "energy"
+    assert transcribe.build_parser().parse_args(["a.wav"]).vad == "energy"
+    live = (Limits().vad, stream.build_parser().parse_args([]).vad, serve.build_parser().parse_args([]).vad)
+    assert live == ("silero",) * 3

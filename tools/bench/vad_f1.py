@@ -12,6 +12,7 @@ speech, as both detectors treat them). Each detector is scored on the speech reg
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import subprocess
 import tempfile
@@ -176,11 +177,18 @@ def measure(seconds: float, folder: Path) -> dict:
     return scores, spent, live
 
 
+def machine() -> str:
+    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
+    return f"{names[0] if names else platform.machine()}, {os.cpu_count()} cores"
+
+
 def report(scores: dict, spent: dict, live: dict, seconds: float, audio_s: float) -> str:
     name = {None: "clean"}
     lines = ["# Speech detectors of the segmenter: frame-level F1", "",
              "`python tools/bench/vad_f1.py --out docs/reports/vad.md` "
-             f"({platform.machine()} CPU, a machine shared with other work: timings noisy). One synthesized "
+             f"({machine()}; shared with other work, load average {os.getloadavg()[0]:.0f} at the end: "
+             "timings noisy, F1 deterministic). One synthesized "
              f"track of about {seconds:.0f} s per noise bed: espeak-ng sentences in {len(VOICES)} voices "
              "with 0.4-2.5 s pauses, the bed mixed at each SNR (speech power over bed power; babble is other "
              "voices, labelled non-speech). F1 of speech frames, 10 ms frames, on the speech regions the "
