@@ -162,10 +162,10 @@ def _merge(lo, hi, target: int, max_gap: int):  # region samples -> [(start, end
 
 
 def silero_frames(wave, n_frames: int, frame: int, hop: int):  # [N] at 16 kHz -> [F] speech probability
-    chunks = -(-len(wave) // silero.CHUNK)
-    padded = np.zeros(chunks * silero.CHUNK, np.float32)  # the last chunk is completed with silence
-    padded[:len(wave)] = wave
-    p = silero.speech_probabilities(padded)
+    stream, block = silero.SileroStream(), silero.BLOCK_CHUNKS * silero.CHUNK  # fed in blocks: bounded copies
+    parts = [stream.feed(wave[i:i + block]) for i in range(0, len(wave), block)]
+    parts.append(stream.feed(np.zeros(-len(wave) % silero.CHUNK, np.float32)))  # the last chunk completed
+    p = np.concatenate(parts)  # [ceil(N / CHUNK)]
     return p[(np.arange(n_frames) * hop + frame // 2) // silero.CHUNK]
 
 
