@@ -20,6 +20,7 @@ from nanoasr import backend as backend_mod
 from nanoasr import timestamps
 from nanoasr.audio import SAMPLE_RATE
 from nanoasr.audio.fbank import REFERENCES
+from nanoasr.audio.segment import DEFAULT_SEGMENT_VAD, SEGMENT_VADS
 from nanoasr.backend import host
 from nanoasr.checkpoints import ctc
 from nanoasr.checkpoints.checkpoint import Checkpoint
@@ -51,6 +52,7 @@ class Options:
     max_new_tokens: int | None = None
     ignore_stop: bool = False  # decode exactly the budget (reference comparisons and benchmarks)
     word_timestamps: bool = False  # words timed by the CTC branch, and its greedy text (ModelScope model.pt)
+    vad: str = DEFAULT_SEGMENT_VAD  # the segmenter's speech detector: "silero" or "energy"
 
     def __post_init__(self):
         """Every option is checked here, before any audio is decoded. `hotwords` may come as any sequence of
@@ -68,6 +70,9 @@ class Options:
         if budget is not None:
             object.__setattr__(self, "max_new_tokens", _whole_number("max_new_tokens", budget, "or None"))
         object.__setattr__(self, "hotwords", _hotword_tuple(self.hotwords))
+        if self.vad not in SEGMENT_VADS:
+            raise OptionError(f"vad must be one of {', '.join(SEGMENT_VADS)}; got {reprlib.repr(self.vad)}",
+                              "vad")
         if self.reference not in REFERENCES:
             raise OptionError(f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}",
                               "reference")
@@ -249,7 +254,8 @@ class Model:
                    itn: bool = True, hotwords=(), context: str | None = None, reference: str = "funasr",
                    max_new_tokens: int | None = None, ignore_stop: bool = False,
                    max_duration_s: float | None = None, on_segment=None,
-                   word_timestamps: bool = False, on_partial=None) -> Transcript:
+                   word_timestamps: bool = False, on_partial=None,
+                   vad: str = DEFAULT_SEGMENT_VAD) -> Transcript:
         """Transcribe a path, encoded bytes, a binary file object, an array (with `sample_rate`), or a
         DecodedAudio from nanoasr.audio.io.decode_audio (taken as it is, not decoded again).
 
@@ -259,10 +265,10 @@ class Model:
         the finished segment's text (whole characters, nothing a stopping rule takes back).
         `max_duration_s` refuses longer audio with AudioTooLongError (default: no limit).
         `word_timestamps` gives each segment `words`, `ctc_text` and `ctc_agreement` from FunASR's CTC branch;
-        a checkpoint without one refuses it with OptionError.
+        a checkpoint without one refuses it with OptionError. `vad` picks the segmenter's speech detector.
         """
         options = Options(language, itn, hotwords, context, reference, max_new_tokens, ignore_stop,
-                          word_timestamps)
+                          word_timestamps, vad)
         return self._transcribe(audio, sample_rate, options, on_segment, max_duration_s, on_partial)
 
     def transcribe_batch(self, inputs, **kwargs) -> list[Transcript]:
@@ -294,9 +300,9 @@ class Model:
                 wave = load_audio(audio, sample_rate, max_duration_s=max_duration_s)
             duration = len(wave) / SAMPLE_RATE
             if duration <= MAX_SEGMENT_S:
-                spans = [(0, len(wave))] if split(wave, MAX_SEGMENT_S) else []
+                spans = [(0, len(wave))] if split(wave, MAX_SEGMENT_S, vad=options.vad) else []
             else:
-                spans = [(s.start, s.end) for s in split(wave, MAX_SEGMENT_S)]
+                spans = [(s.start, s.end) for s in split(wave, MAX_SEGMENT_S, vad=options.vad)]
             budgets = [options.max_new_tokens or generate.token_budget((b - a) / SAMPLE_RATE)
                        for a, b in spans]
             in_order = _InOrder(self, spans, timer, encodings, on_segment, on_partial)

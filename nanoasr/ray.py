@@ -22,7 +22,7 @@ from nanoasr.transcript import Transcript
 
 # Model.transcribe's options that apply to rows of encoded files (sample_rate and on_segment do not)
 OPTIONS = ("language", "itn", "hotwords", "context", "reference", "max_new_tokens", "ignore_stop",
-           "max_duration_s", "word_timestamps")
+           "max_duration_s", "word_timestamps", "vad")
 STAGES = ("load_audio", "frontend", "encoder", "adaptor", "ctc", "prefill", "decode", "total")  # its timings
 INSTALL_HINT = 'pip install ".[ray]" in the nanoasr checkout'
 
@@ -39,7 +39,7 @@ def transcribe_dataset(ds, model=None, *, workers: int | None = None, threads_pe
     `workers` that takes every CPU needs a read that takes none (`read_binary_files(..., num_cpus=0)`):
     Ray starts the actors first, and a read task waiting for a CPU would wait for ever.
     `transcribe_options`: Model.transcribe's (language, itn, hotwords, context, reference, max_new_tokens,
-    ignore_stop, max_duration_s, word_timestamps), checked here before anything runs (OptionError).
+    ignore_stop, max_duration_s, word_timestamps, vad), checked here before anything runs (OptionError).
     """
     ray = require_ray()
     options = check_options(transcribe_options)

@@ -1,8 +1,9 @@
 """Live transcription: a session fed audio as it arrives, on a shared Model, giving speech starts and stops,
 partial text while an utterance goes on, and the exact final text of each utterance.
 
-- Endpointing (nanoasr.audio.vad): the energy detector frame by frame, with FunASR's silence schedule (the
-  silence that ends an utterance shrinks as it grows), never longer than the client's silence_duration_ms.
+- Endpointing (nanoasr.audio.vad): Silero VAD's speech probability every 32 ms (or, as `Limits.vad`
+  "energy", the energy detector frame by frame), with FunASR's silence schedule (the silence that ends an
+  utterance shrinks as it grows), never longer than the client's silence_duration_ms.
   Without turn detection the client ends each utterance with `commit`.
 - Partials: every PARTIAL_INTERVAL_S of new audio the utterance is decoded again, over at most
   PARTIAL_WINDOW_S seconds (past that the window starts afresh where the last partial ended, and the text of
@@ -28,7 +29,7 @@ import numpy as np
 
 from nanoasr.api import Model, Options, join_texts
 from nanoasr.audio import SAMPLE_RATE
-from nanoasr.audio.vad import DEFAULT_THRESHOLD, StreamingVad, Transition
+from nanoasr.audio.vad import DEFAULT_THRESHOLD, DEFAULT_VAD, VADS, Transition, streaming_vad
 from nanoasr.errors import AudioError, NanoasrError, OptionError
 
 PARTIAL_INTERVAL_S = 0.48  # FunASR's decode interval: a first word about half a second after speech starts
@@ -64,17 +65,21 @@ class TurnDetection:
 
 @dataclass(frozen=True)
 class Limits:
-    """What one session may do: partial cadence and window, the longest utterance. `catch_up_s`: a caller
-    that gathers audio while decoding runs (the server) skips the partial of a feed holding more than this,
-    so a session that has fallen behind catches up before it decodes partials again."""
+    """What one session may do: partial cadence and window, the longest utterance, the detector that endpoints
+    it (`vad`: "silero" or "energy"). `catch_up_s`: a caller that gathers audio while decoding runs (the
+    server) skips the partial of a feed holding more than this, so a session that has fallen behind catches
+    up before it decodes partials again."""
 
     partial_interval_s: float = PARTIAL_INTERVAL_S
     partial_window_s: float = PARTIAL_WINDOW_S
     max_utterance_s: float = MAX_UTTERANCE_S
     partials: bool = True
     catch_up_s: float = 1.0
+    vad: str = DEFAULT_VAD
 
     def __post_init__(self):
+        if self.vad not in VADS:
+            raise OptionError(f"vad must be one of {', '.join(VADS)}; got {self.vad!r}", "vad")
         if not 0 < self.partial_interval_s <= self.partial_window_s:
             raise OptionError("partial_interval_s must be positive and at most partial_window_s; got "
                               f"{self.partial_interval_s} and {self.partial_window_s}", "partial_interval_s")
@@ -178,8 +183,8 @@ class LiveSession:
         self.model, self.options, self.limits = model, options or Options(), limits
         model.check_options(self.options.language, self.options.word_timestamps)
         self.turn_detection = turn_detection
-        self.vad = None if turn_detection is None else StreamingVad(turn_detection.threshold,
-                                                                    turn_detection.silence_duration_ms, start)
+        self.vad = None if turn_detection is None else streaming_vad(
+            limits.vad, turn_detection.threshold, turn_detection.silence_duration_ms, start)
         self.audio = _Audio(start)
         self.items = 0  # items numbered so far
         self.item: int | None = None  # the utterance under way (server VAD), with its start sample

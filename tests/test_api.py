@@ -269,7 +269,7 @@ def test_load_model_and_import_stay_light(tiny_dir):
     (dict(language="klingon"), "language"), (dict(itn="no"), "itn"), (dict(hotwords="abc"), "hotwords"),
     (dict(context=3), "context"), (dict(reference="whisper"), "reference"),
     (dict(max_new_tokens=2.5), "max_new_tokens"), (dict(hotwords=["x" * 101]), "hotwords"),
-    (dict(context="x" * 5000), "context"),
+    (dict(context="x" * 5000), "context"), (dict(vad="webrtc"), "vad"),
 ])
 def test_an_option_error_names_its_field(options, field):
     from nanoasr.api import Options

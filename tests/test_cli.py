@@ -217,13 +217,14 @@ def test_every_transcription_option_reaches_the_model(tmp_path, fake, capsys):
                      "--no-itn", "--huge-pages",
                      "--hotword", "Carol", "--hotword", "Dave",
                      "--hotwords-file", str(hotwords), "--context", "a meeting",
-                     "--reference", "transformers", "--max-new-tokens", "7"])
+                     "--reference", "transformers", "--max-new-tokens", "7", "--vad", "silero"])
     assert code == 0 and capsys.readouterr().out == "hi\n"
     assert fake.loads == [dict(model="some/repo@abc", device="cpu", threads=3, llm="q.gguf",
                                activations="int8", huge_pages=True)]
     assert fake.calls == [dict(language="English", itn=False,
                                hotwords=("Carol", "Dave", "Alice", "Bob"), context="a meeting",
-                               reference="transformers", max_new_tokens=7, word_timestamps=False)]
+                               reference="transformers", max_new_tokens=7, word_timestamps=False,
+                               vad="silero")]
 
 
 def test_defaults_reach_the_model(tmp_path, fake, capsys):
@@ -232,7 +233,8 @@ def test_defaults_reach_the_model(tmp_path, fake, capsys):
     assert fake.loads == [dict(model=None, device="cpu", threads=None, llm=None,
                                activations="auto", huge_pages=False)]  # loaded once for all
     assert fake.calls == 2 * [dict(language=None, itn=True, hotwords=(), context=None,
-                                   reference="funasr", max_new_tokens=None, word_timestamps=False)]
+                                   reference="funasr", max_new_tokens=None, word_timestamps=False,
+                                   vad="energy")]
     assert capsys.readouterr().out == "hi\nhi\n"
 
 

@@ -31,7 +31,7 @@ def test_raw_pcm_from_a_pipe_as_json_lines(tiny_dir, fast_model):
     at_24k = soxr.resample(clip, 16000, 24000, "HQ")
     raw = (np.clip(at_24k, -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
     done = run_cli(["-", "--format", "s16le", "--rate", "24000", "--model", str(tiny_dir), "--threads", "1",
-                    "--json", "--silence-ms", "500", "--no-partials"], raw)
+                    "--json", "--silence-ms", "500", "--no-partials", "--vad", "energy"], raw)  # tones
     assert done.returncode == 0, done.stderr.decode()
     events = [json.loads(line) for line in done.stdout.decode().splitlines()]
     wave = soxr.resample(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, 24000, 16000, "HQ")

@@ -12,6 +12,7 @@ pytest.importorskip("fastapi")
 from nanoasr.realtime import Limits  # noqa: E402
 from nanoasr.server import create_app  # noqa: E402
 from tests.test_realtime import utterances_clip  # noqa: E402
+from tests.test_realtime import TONES  # noqa: E402
 from tests.test_server_realtime import RECV_TIMEOUT_S, running  # noqa: E402
 
 RESULT_KEYS = {"sentences", "partial", "partial_start_ms", "duration_ms", "is_final"}
@@ -20,7 +21,8 @@ RESULT_KEYS = {"sentences", "partial", "partial_start_ms", "duration_ms", "is_fi
 @pytest.fixture(scope="module")
 def url(fast_model):
     app = create_app(fast_model)
-    app.state.live_limits = Limits(partials=False)  # the tiny model's partials are noise; sentences are exact
+    # the tiny model's partials are noise; sentences are exact
+    app.state.live_limits = Limits(partials=False, vad=TONES)
     with running(app) as base:
         yield base.replace("http", "ws") + "/funasr/realtime"
 

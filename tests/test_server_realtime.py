@@ -28,7 +28,7 @@ from nanoasr.server import realtime as server_realtime  # noqa: E402
 from nanoasr.server.realtime import MAX_APPEND_BYTES, WS_MAX_BYTES  # noqa: E402
 from tests import serverutil  # noqa: E402
 from tests.serverutil import serving  # noqa: E402
-from tests.test_realtime import utterances_clip  # noqa: E402
+from tests.test_realtime import TONES, utterances_clip  # noqa: E402
 
 KEY = "sk-local-test"
 GA_EVENT = TypeAdapter(RealtimeServerEvent)
@@ -44,7 +44,9 @@ def running(app):
 
 @pytest.fixture(scope="module")
 def app(fast_model):
-    return create_app(fast_model, api_key=KEY)
+    app = create_app(fast_model, api_key=KEY)
+    app.state.live_limits = Limits(vad=TONES)
+    return app
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +125,8 @@ def check_finals(events, fast_model, audio_of, **options):
 
 
 def test_server_vad_three_utterances(app, base, fast_model):
-    app.state.live_limits = Limits(partials=False)  # the tiny model's partials are noise; finals are exact
+    # the tiny model's partials are noise; finals are exact
+    app.state.live_limits = Limits(partials=False, vad=TONES)
     data = clip_24k()
     wave = at_16k(data)
 
@@ -148,7 +151,7 @@ def test_server_vad_three_utterances(app, base, fast_model):
 
 
 def test_manual_commits_and_an_empty_commit(app, base, fast_model):
-    app.state.live_limits = Limits()
+    app.state.live_limits = Limits(vad=TONES)
     data = clip_24k()
     cut = len(data) // 2 // 2 * 2
 
@@ -207,7 +210,7 @@ def test_converter_is_chunk_independent_and_keeps_an_odd_byte():
 
 
 def test_beta_session_with_mu_law(app, base, fast_model):
-    app.state.live_limits = Limits()
+    app.state.live_limits = Limits(vad=TONES)
     audioop = g711_reference()
     clip, _ = utterances_clip(seeds=(6,))
     mu_law = audioop.lin2ulaw(pcm16(soxr.resample(clip, 16000, 8000, "HQ")), 2)
@@ -296,7 +299,8 @@ def test_refused_handshakes(base, key, query, status):
 
 
 def test_partials_arrive_while_the_speaker_goes_on(app, base, fast_model):
-    app.state.live_limits = Limits(catch_up_s=30.0)  # partials even when the loaded test machine lags
+    # partials even when the loaded test machine lags
+    app.state.live_limits = Limits(catch_up_s=30.0, vad=TONES)
     clip, _ = utterances_clip(seeds=(9,))
     speech = clip[:int(2.2 * 16000)]  # quiet, 1 s of speech, then quiet up to the commit
     data = pcm16(soxr.resample(speech, 16000, 24000, "HQ"))

@@ -17,6 +17,11 @@ only the spans that hold speech are decoded.
    point in the last third of each `max_s` window, so pieces stay long and cuts fall between words
    whenever a quieter point exists.
 
+With `vad="silero"`, step 2 takes Silero VAD's speech probability (nanoasr.audio.silero, one per 32 ms, each
+10 ms frame reading the chunk its centre lies in) instead of the energy threshold: a run of frames above
+`SILERO_LOW` is speech when it rises above `SILERO_HIGH` somewhere (Silero's own 0.5 and 0.35). Steps 3
+and 4 are the same; cuts still seek the quietest point.
+
 `split` returns the speech spans only, in order, non-overlapping, inside the audio, none longer than
 `max_s`; what lies between them is silence to skip. All-zero or constant input gives no spans.
 Speech quieter than `SILENCE_FLOOR_DB` (RMS) is treated as silence.
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanoasr.audio import SAMPLE_RATE
+from nanoasr.audio import SAMPLE_RATE, silero
 from nanoasr.errors import AudioError, OptionError
 
 FRAME_S, HOP_S = 0.025, 0.010  # the usual speech analysis frame: short enough to see gaps between words
@@ -48,6 +53,9 @@ CUT_SMOOTH_FRAMES = 5  # the cut seeks a quiet 50 ms stretch, not a single quiet
 MIN_POWER = 1e-12  # -120 dB, the floor for log of zero power
 BLOCK_FRAMES = 1024  # frames measured at once: a few MB of float64 temporaries, whatever the length
 BLOCK_SAMPLES = 1 << 20  # samples checked for NaN at once, so the check's temporary stays small
+SILERO_HIGH, SILERO_LOW = 0.5, 0.35  # speech probability that starts a run, and that keeps it going
+SEGMENT_VADS = ("energy", "silero")
+DEFAULT_SEGMENT_VAD = "energy"
 
 
 @dataclass(frozen=True)
@@ -97,12 +105,13 @@ def _runs(mask):  # [F] bool -> (starts [R], ends [R]) of its True runs, ends ex
     return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
 
 
-def speech_regions(db, threshold: float, hop_s: float):  # [F] -> (starts [R], ends [R]) in frames
+def speech_regions(db, threshold: float, hop_s: float, rise: float = HYSTERESIS_DB):
+    """[F] levels -> (starts [R], ends [R]) in frames: runs over `threshold` that rise `rise` above it."""
     starts, ends = _runs(db > threshold)
     if len(starts) == 0:
         return starts, ends
     peaks = np.maximum.reduceat(db, starts)  # frames after each run's end lie under the threshold
-    keep = peaks > threshold + HYSTERESIS_DB
+    keep = peaks > threshold + rise
     starts, ends = starts[keep], ends[keep]
     if len(starts) == 0:
         return starts, ends
@@ -152,8 +161,33 @@ def _merge(lo, hi, target: int, max_gap: int):  # region samples -> [(start, end
     return segments
 
 
-def split(wave, max_s: float = 30.0, sample_rate: int = SAMPLE_RATE) -> list[Span]:
-    """The speech spans of `wave` ([N] float mono), in order, each at most `max_s` seconds long."""
+def silero_frames(wave, n_frames: int, frame: int, hop: int):  # [N] at 16 kHz -> [F] speech probability
+    stream, block = silero.SileroStream(), silero.BLOCK_CHUNKS * silero.CHUNK  # fed in blocks: bounded copies
+    parts = [stream.feed(wave[i:i + block]) for i in range(0, len(wave), block)]
+    parts.append(stream.feed(np.zeros(-len(wave) % silero.CHUNK, np.float32)))  # the last chunk completed
+    p = np.concatenate(parts)  # [ceil(N / CHUNK)]
+    return p[(np.arange(n_frames) * hop + frame // 2) // silero.CHUNK]
+
+
+def speech_samples(wave, db, vad: str, sample_rate: int):  # [N], [F] -> (lo [R], hi [R]) padded regions
+    """The speech regions of `wave` as samples, padded by PAD_S, by the detector `vad`."""
+    frame, hop = round(FRAME_S * sample_rate), round(HOP_S * sample_rate)
+    if vad == "silero":
+        if sample_rate != SAMPLE_RATE:
+            raise OptionError(f"vad='silero' reads 16 kHz audio; got sample_rate={sample_rate}", "vad")
+        level = silero_frames(wave, len(db), frame, hop)
+        starts, ends = speech_regions(level, SILERO_LOW, HOP_S, rise=SILERO_HIGH - SILERO_LOW)
+    else:
+        starts, ends = speech_regions(db, speech_threshold(db), HOP_S)
+    return padded_samples(starts, ends, frame, hop, round(PAD_S * sample_rate), len(wave))
+
+
+def split(wave, max_s: float = 30.0, sample_rate: int = SAMPLE_RATE,
+          vad: str = DEFAULT_SEGMENT_VAD) -> list[Span]:
+    """The speech spans of `wave` ([N] float mono), in order, each at most `max_s` seconds long; `vad` picks
+    the detector of speech frames ("energy" or "silero")."""
+    if vad not in SEGMENT_VADS:
+        raise OptionError(f"vad must be one of {', '.join(SEGMENT_VADS)}; got {vad!r}", "vad")
     wave = np.asarray(wave)
     if wave.ndim != 1 or not np.issubdtype(wave.dtype, np.floating):
         raise AudioError(f"segmenting expects a 1-D float mono waveform, got {wave.dtype} "
@@ -167,8 +201,7 @@ def split(wave, max_s: float = 30.0, sample_rate: int = SAMPLE_RATE) -> list[Spa
     if len(wave) < frame:
         return []
     db = frame_db(wave, frame, hop)
-    starts, ends = speech_regions(db, speech_threshold(db), HOP_S)
-    lo, hi = padded_samples(starts, ends, frame, hop, round(PAD_S * sample_rate), len(wave))
+    lo, hi = speech_samples(wave, db, vad, sample_rate)
     max_len = int(max_s * sample_rate)
     bounds = []  # overlong regions are cut first; the pieces then merge like any region
     for start, end in zip(lo.tolist(), hi.tolist()):

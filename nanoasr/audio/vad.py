@@ -1,5 +1,12 @@
-"""Voice activity on a live stream: the energy detector of nanoasr.audio.segment, run frame by frame as audio
-arrives, and FunASR's endpointing rule (the silence that ends an utterance shrinks as the utterance grows).
+"""Voice activity on a live stream, and FunASR's endpointing rule (the silence that ends an utterance shrinks
+as the utterance grows). Two detectors with one interface (`feed` -> Transitions, `restart`, `end_speech`):
+
+- `SileroVad` (the default, "silero"): Silero VAD's speech probability per 32 ms chunk (nanoasr.audio.silero).
+  A chunk is speech at `threshold` or above and silence under `threshold - NEG_OFFSET` (Silero's own
+  hysteresis; chunks between keep the current state). Speech starts when speech chunks have lasted
+  SILERO_MIN_SPEECH_MS; it ends when the chunks since the last speech chunk, none of them speech, span
+  `silence_limit_ms`. Transitions fall on 32 ms steps.
+- `StreamingVad` ("energy", the fallback): the energy detector of nanoasr.audio.segment, run frame by frame.
 
 The offline segmenter sees the whole recording before it sets its threshold; here the threshold is set from
 the last HISTORY_S seconds of frames (the same rule: a noise-floor percentile plus a margin, capped below the
@@ -14,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanoasr.audio import SAMPLE_RATE
+from nanoasr.audio import SAMPLE_RATE, silero
 from nanoasr.audio.segment import (FRAME_S, HOP_S, HYSTERESIS_DB, MIN_PAUSE_S, MIN_SPEECH_S, frame_db,
                                    speech_threshold)
 from nanoasr.errors import OptionError
@@ -24,6 +31,11 @@ HOP = round(HOP_S * SAMPLE_RATE)  # 160 samples: event times fall on 10 ms steps
 HISTORY_S = 10.0  # the threshold's frames: long enough to hold pauses, short enough to follow a room
 DB_PER_THRESHOLD = 20.0  # OpenAI's server_vad threshold (0..1, default 0.5): each 0.1 moves the level 2 dB
 DEFAULT_THRESHOLD = 0.5
+VADS = ("silero", "energy")
+DEFAULT_VAD = "silero" if silero.WEIGHTS.is_file() else "energy"  # a package without the weights falls back
+NEG_OFFSET = 0.15  # Silero's hysteresis: speech ends only under threshold - 0.15
+CHUNK_MS = silero.CHUNK * 1000 // SAMPLE_RATE  # 32
+SILERO_MIN_SPEECH_MS = 96  # three chunks: a lone chunk (a click, a cough's edge) does not start speech
 # FunASR's Nano realtime server (DynamicStreamingVAD): the silence that ends an utterance, by how long the
 # utterance already is. Short ones wait out a long pause; long ones are cut at the first short one, so an
 # utterance rarely reaches the decoder's 30 s limit.
@@ -48,17 +60,86 @@ class Transition:
     found: int
 
 
+def _check(threshold: float, silence_ms: int | None) -> None:
+    if not 0.0 <= threshold <= 1.0:
+        raise OptionError(f"threshold must be between 0 and 1; got {threshold}", "threshold")
+    if silence_ms is not None and silence_ms < 0:
+        raise OptionError(f"silence_duration_ms must be 0 or more; got {silence_ms}", "silence_duration_ms")
+
+
+def streaming_vad(kind: str = DEFAULT_VAD, threshold: float = DEFAULT_THRESHOLD,
+                  silence_ms: int | None = None, origin: int = 0):
+    """The detector named `kind` ("silero" or "energy"), with the same settings either way."""
+    if kind not in VADS:
+        raise OptionError(f"vad must be one of {', '.join(VADS)}; got {kind!r}", "vad")
+    return (SileroVad if kind == "silero" else StreamingVad)(threshold, silence_ms, origin)
+
+
+class SileroVad:
+    """Speech start and end of a 16 kHz stream fed in pieces of any size, from Silero VAD's probabilities;
+    memory is constant."""
+
+    def __init__(self, threshold: float = DEFAULT_THRESHOLD, silence_ms: int | None = None, origin: int = 0):
+        """`origin`: the stream sample the first sample fed will be (transitions count from the stream's
+        start)."""
+        _check(threshold, silence_ms)
+        self.threshold, self.silence_ms, self.origin = threshold, silence_ms, origin
+        self.probabilities = silero.SileroStream()
+        self.in_speech = False
+        self.speech_start = 0  # chunk where the current speech began
+        self.run_start: int | None = None  # first chunk of the current run of speech chunks
+        self.last_speech: int | None = None  # the latest speech chunk
+
+    def feed(self, samples) -> list[Transition]:
+        """The transitions found in `samples` ([N] float32 at 16 kHz, continuing the stream), in order."""
+        first = self.probabilities.chunks
+        out = []
+        for k, p in enumerate(self.probabilities.feed(samples).tolist(), first):
+            transition = self._chunk(k, p)
+            if transition is not None:
+                out.append(transition)
+        return out
+
+    def _chunk(self, k: int, p: float) -> Transition | None:
+        if p >= self.threshold:
+            self.last_speech = k
+            if self.run_start is None:
+                self.run_start = k
+            if not self.in_speech and (k - self.run_start + 1) * CHUNK_MS >= SILERO_MIN_SPEECH_MS:
+                self.in_speech, self.speech_start = True, self.run_start
+                return Transition(True, self._sample(self.run_start), self._sample(k + 1))
+            return None
+        if p < self.threshold - NEG_OFFSET:
+            self.run_start = None
+            if self.in_speech and (k - self.last_speech) * CHUNK_MS >= self.silence_needed_ms(k):
+                self.in_speech = False
+                return Transition(False, self._sample(self.last_speech + 1), self._sample(k + 1))
+        return None
+
+    def _sample(self, chunk: int) -> int:  # the stream sample where `chunk` begins
+        return self.origin + chunk * silero.CHUNK
+
+    def silence_needed_ms(self, chunk: int) -> int:
+        return silence_limit_ms((chunk - self.speech_start) * silero.CHUNK / SAMPLE_RATE, self.silence_ms)
+
+    def restart(self, at: int) -> None:
+        """The current speech is cut at sample `at` (an utterance at its length limit); it goes on as new
+        speech from there, so the schedule starts over."""
+        self.speech_start = (at - self.origin) // silero.CHUNK
+
+    def end_speech(self) -> None:
+        """The current speech was ended from outside (a manual commit or a clear): what follows must start
+        speech anew, from chunks after this point."""
+        self.in_speech, self.last_speech, self.run_start = False, None, None
+
+
 class StreamingVad:
     """Speech start and end of a 16 kHz stream fed in chunks of any size; memory is bounded by HISTORY_S."""
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD, silence_ms: int | None = None, origin: int = 0):
         """`origin`: the stream sample the first sample fed will be (transitions count from the stream's
         start)."""
-        if not 0.0 <= threshold <= 1.0:
-            raise OptionError(f"threshold must be between 0 and 1; got {threshold}", "threshold")
-        if silence_ms is not None and silence_ms < 0:
-            raise OptionError(f"silence_duration_ms must be 0 or more; got {silence_ms}",
-                              "silence_duration_ms")
+        _check(threshold, silence_ms)
         self.offset_db = (threshold - DEFAULT_THRESHOLD) * DB_PER_THRESHOLD
         self.silence_ms, self.origin = silence_ms, origin
         self.tail = np.zeros(0, np.float32)  # samples not yet in a whole frame

@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 
+from nanoasr.audio.vad import DEFAULT_VAD, VADS
 from nanoasr.backend import ACTIVATIONS, DEVICES
 from nanoasr.cli import EXIT_FAILED, EXIT_OK, error, library_warnings, positive, transcribe
 from nanoasr.errors import NanoasrError
@@ -51,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--upload-dir", default=None,
                         help="directory in which the server makes its own directory for uploads in progress "
                              "(default: the system's temporary directory)")
+    parser.add_argument("--vad", default=DEFAULT_VAD, choices=VADS,
+                        help="voice activity detector of live sessions' server_vad: silero (trained) or "
+                             "energy (frame loudness)")
     parser.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     parser.add_argument("--threads", type=positive(int), default=None, help="CPU threads")
     parser.add_argument("--activations", default="auto", choices=ACTIVATIONS,
@@ -110,7 +114,11 @@ def _app(args):
     except NanoasrError as exc:
         error(PROG, exc)
         return None
-    return create_app(model, api_key=args.api_key, max_upload_mb=args.max_upload_mb, max_queue=args.max_queue,
-                      max_uploads=args.max_uploads, max_duration_s=args.max_duration,
-                      read_timeout_s=args.read_timeout, upload_timeout_s=args.upload_timeout,
-                      min_upload_kib_s=args.min_upload_rate, upload_dir=args.upload_dir)
+    from nanoasr.realtime import Limits
+
+    app = create_app(model, api_key=args.api_key, max_upload_mb=args.max_upload_mb, max_queue=args.max_queue,
+                     max_uploads=args.max_uploads, max_duration_s=args.max_duration,
+                     read_timeout_s=args.read_timeout, upload_timeout_s=args.upload_timeout,
+                     min_upload_kib_s=args.min_upload_rate, upload_dir=args.upload_dir)
+    app.state.live_limits = Limits(vad=args.vad)
+    return app

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from nanoasr.audio import SAMPLE_RATE
+from nanoasr.audio.vad import DEFAULT_VAD, VADS
 from nanoasr.backend import ACTIVATIONS, DEVICES
 from nanoasr.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, positive
 from nanoasr.errors import NanoasrError, OptionError
@@ -52,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="longest silence inside an utterance (default: FunASR's schedule, 2000 ms for "
                              "short utterances down to 100 ms for long ones)")
     parser.add_argument("--threshold", type=float, default=0.5,
-                        help="speech threshold, 0..1 as OpenAI's server_vad (higher: louder speech only)")
+                        help="speech threshold, 0..1 as OpenAI's server_vad (higher: clearer speech only)")
+    parser.add_argument("--vad", default=DEFAULT_VAD, choices=VADS,
+                        help="voice activity detector: silero (trained) or energy (frame loudness)")
     parser.add_argument("--no-partials", action="store_true", help="finals only")
     return parser
 
@@ -88,7 +91,7 @@ def _session(args):
     turn_detection = None if args.manual else TurnDetection(args.threshold,
                                                             silence_duration_ms=args.silence_ms)
     model = Model.load(args.model, device=args.device, threads=args.threads, activations=args.activations)
-    return LiveSession(model, options, turn_detection, Limits(partials=not args.no_partials))
+    return LiveSession(model, options, turn_detection, Limits(partials=not args.no_partials, vad=args.vad))
 
 
 def _chunks(args):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nanoasr.audio.fbank import REFERENCES
 from nanoasr.audio.io import DEFAULT_MAX_DURATION_S
+from nanoasr.audio.segment import DEFAULT_SEGMENT_VAD, SEGMENT_VADS
 from nanoasr.backend import ACTIVATIONS, DEVICES
 from nanoasr.cli import (COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, one_line,
                          positive)
@@ -110,6 +111,8 @@ def add_transcription_options(parser: argparse.ArgumentParser) -> None:
     decoding.add_argument("--context", default=None, help="free text describing the recording")
     decoding.add_argument("--reference", default="funasr", choices=REFERENCES,
                           help="numerics profile to follow")
+    decoding.add_argument("--vad", default=DEFAULT_SEGMENT_VAD, choices=SEGMENT_VADS,
+                          help="speech detector of the segmenter: silero (trained) or energy (loudness)")
     decoding.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                           help="token budget per segment (default: scaled to its duration, at most 512)")
     decoding.add_argument("--word-timestamps", action="store_true",
@@ -407,7 +410,7 @@ def transcribe_options(args, parser) -> dict:
         hotwords += read_hotwords(args.hotwords_file, parser)
     options = dict(language=args.language, itn=args.itn, hotwords=tuple(hotwords), context=args.context,
                    reference=args.reference, max_new_tokens=args.max_new_tokens,
-                   word_timestamps=args.word_timestamps)
+                   word_timestamps=args.word_timestamps, vad=args.vad)
     Options(**options)
     return options
 

@@ -169,7 +169,10 @@ def serve_here(model: str, threads: int | None):
     from nanoasr.server import create_app
     from nanoasr.server.realtime import WS_MAX_BYTES
 
+    from nanoasr.realtime import Limits
+
     app = create_app(Model.load(model, threads=threads), max_queue=256)
+    app.state.live_limits = Limits(vad="energy")  # the speakers are tones: Silero VAD hears no speech in them
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                            ws_max_size=WS_MAX_BYTES))
     thread = threading.Thread(target=server.run, daemon=True)
