@@ -166,8 +166,8 @@ def test_kernel_quantization_matches_the_twin_bit_for_bit():
     x[2, 64:96] = np.concatenate([[127.0], np.arange(-16, 15) + 0.5])  # scale 1: every other value a tie
     want_q, want_d = xp.quantize_rows_xp(x)
     assert np.array_equal(np.rint(x[2, 65:96]), want_q[2, 2, 1:])  # the twin rounds the ties to even
-    for quantized_rows in (quantized_rows, quantized_rows_parallel):
-        q, d, sums = quantized_rows(x, nb)
+    for quantize in (quantized_rows, quantized_rows_parallel):
+        q, d, sums = quantize(x, nb)
         assert np.array_equal(q[:n].reshape(n, nb, 32), want_q) and np.array_equal(d[:n], want_d)
         assert np.array_equal(sums[:n], want_q.reshape(n, 2 * nb, 16).sum(-1, dtype=np.int32))
         assert not q[n:].any() and not d[n:].any()  # the padding rows
