@@ -243,3 +243,24 @@ def test_a_draft_must_be_token_ids(models):
     for bad in ("abc", 5, [1, -2], [1.5], [True], [model.config.text.vocab_size]):
         with pytest.raises(OptionError, match="draft"):
             model.transcribe(speech_like(0.5, 1), sample_rate=SR, draft=bad)
+
+
+@pytest.mark.parametrize("mix", ["q8_0 int8", "q4_k_m int8", "bf16", "each kind exact", "bf16 rows"])
+def test_draft_positions_carry_the_compiled_steps_bits(mix):
+    """On whole blocks the steps run the compiled layer (tests/test_decode_layer.py's decoder of random
+    stored matrices); the draft's positions, computed op by op, still have their bits."""
+    from tests.test_decode_layer import CFG, MIXES, layer_weights
+    from tests.test_decode_layer import stored as stored_as
+
+    kinds, activations = MIXES[mix]
+    rng = np.random.default_rng(3)
+    w = layer_weights(kinds, activations)
+    w[decoder.EMBED] = stored_as((rng.standard_normal((CFG.vocab_size, CFG.hidden_size)) * 0.1)
+                                 .astype(np.float32), kinds[0], activations)
+    prompt = rng.standard_normal((9, CFG.hidden_size)).astype(np.float32)
+    ids = [5, 17, 250, 3, 99, 42, 7, 8, 120, 11]  # more than a product's 8 rows
+    plain = decoder.Session(w, CFG, rows=1)
+    expected = [plain.prefill(prompt, room=len(ids) + 1)[0]] + [plain.step([t])[0] for t in ids]
+    assert all(layer is not None for layer in plain.compiled)
+    hidden = decoder.Session(w, CFG, rows=1).prefill_draft(prompt, ids, room=4)
+    np.testing.assert_array_equal(decoder.row_products(hidden, w[decoder.EMBED], 8), np.stack(expected))
