@@ -255,7 +255,7 @@ class Model:
                    max_new_tokens: int | None = None, ignore_stop: bool = False,
                    max_duration_s: float | None = None, on_segment=None,
                    word_timestamps: bool = False, on_partial=None,
-                   vad: str = DEFAULT_SEGMENT_VAD) -> Transcript:
+                   vad: str = DEFAULT_SEGMENT_VAD, draft=None) -> Transcript:
         """Transcribe a path, encoded bytes, a binary file object, an array (with `sample_rate`), or a
         DecodedAudio from nanoasr.audio.io.decode_audio (taken as it is, not decoded again).
 
@@ -266,10 +266,29 @@ class Model:
         `max_duration_s` refuses longer audio with AudioTooLongError (default: no limit).
         `word_timestamps` gives each segment `words`, `ctc_text` and `ctc_agreement` from FunASR's CTC branch;
         a checkpoint without one refuses it with OptionError. `vad` picks the segmenter's speech detector.
+        `draft`: token ids the transcript of audio that is one segment (30 s or less) is expected to have,
+        such as an earlier decode of the same speech: they are verified in the prompt's forward and kept as
+        far as greedy decoding chooses them, so the result is the same with any draft, and sooner with a
+        right one (nanoasr.model.generate). Ignored for longer audio and on the GPU.
         """
         options = Options(language, itn, hotwords, context, reference, max_new_tokens, ignore_stop,
                           word_timestamps, vad)
-        return self._transcribe(audio, sample_rate, options, on_segment, max_duration_s, on_partial)
+        draft = self._check_draft(draft)
+        return self._transcribe(audio, sample_rate, options, on_segment, max_duration_s, on_partial, draft)
+
+    def _check_draft(self, draft) -> list[int] | None:
+        if draft is None:
+            return None
+        if isinstance(draft, (str, bytes)) or not hasattr(draft, "__iter__"):
+            raise OptionError(f"draft must be a list of token ids; got {type(draft).__name__}", "draft")
+        ids = list(draft)
+        vocab = self.config.text.vocab_size
+        bad = [t for t in ids
+               if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab]
+        if bad:
+            raise OptionError(f"draft must hold token ids from 0 to {vocab - 1}; got {reprlib.repr(bad)}",
+                              "draft")
+        return [int(t) for t in ids]
 
     def transcribe_batch(self, inputs, **kwargs) -> list[Transcript]:
         """Transcribe several inputs with the same options, in order.
@@ -285,7 +304,7 @@ class Model:
         return out
 
     def _transcribe(self, audio, sample_rate, options: Options, on_segment=None,
-                    max_duration_s=None, on_partial=None) -> Transcript:
+                    max_duration_s=None, on_partial=None, draft=None) -> Transcript:
         from nanoasr.audio.io import load_audio
         from nanoasr.audio.segment import split
 
@@ -312,7 +331,10 @@ class Model:
                 generate.generate(prompts, budgets, self.weights, self.config.text, self.tokenizer.stop_ids,
                                   options.ignore_stop, rows=rows, timer=timer, on_done=in_order.finished,
                                   bf16_rope=options.reference == "funasr",
-                                  on_tokens=in_order.settled if on_partial is not None else None)
+                                  on_tokens=in_order.settled if on_partial is not None else None,
+                                  # one segment only: among several it would be prefilled alone, not as
+                                  # it is with the others
+                                  drafts={0: draft} if draft and len(spans) == 1 else None)
         timer.ms["total"] = (time.perf_counter() - start) * 1e3
         segments = in_order.segments
         cut = [s.finish_reason for s in segments if s.truncated]

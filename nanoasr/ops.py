@@ -32,6 +32,11 @@ def products(a, b, activations="exact"):  # a [..., m, K], b [..., n, K] -> a @ 
     return kernels_for(a).products(a, b, activations)
 
 
+def decode_rows(x) -> int:  # products of up to this many rows on x's device give each row a decode step's
+    # bits for it alone (0: the device does not promise it)
+    return kernels_for(x).decode_rows
+
+
 def take_rows(t: StoredTensor, ids):  # rows `ids` of a stored [rows, cols] tensor -> float32 [n, cols]
     return kernels_for(t.data).take_rows(t, ids)
 

@@ -8,11 +8,15 @@ partial text while an utterance goes on, and the exact final text of each uttera
 - Partials: every PARTIAL_INTERVAL_S of new audio the utterance is decoded again, over at most
   PARTIAL_WINDOW_S seconds (past that the window starts afresh where the last partial ended, and the text of
   that partial is kept as read), so a partial costs the same however long the utterance grows. Only text that
-  two consecutive partials agree on goes out (LocalAgreement-2), as append-only deltas.
+  two consecutive partials agree on goes out (LocalAgreement-2), as append-only deltas. Each partial gives the
+  previous partial's token ids to the decoder as a draft (Model.transcribe's `draft`): it is exact greedy
+  decoding of its window still, just cheaper where the draft holds.
 - Finals: the text of an utterance is `Model.transcribe` of its audio with the session's options, exactly
-  (the same token ids). Where the final differs from text already sent as deltas, the deltas stand (they are
-  never retracted) and `Completed` carries the authoritative text; otherwise its remainder goes out as a last
-  delta, so the deltas spell the final.
+  (the same token ids). The ids of the partials that cover the utterance from its start (the closed windows'
+  and the last one's) are its draft: verified in the prompt's forward, they cost one prefill where they are
+  right, and the final decodes on from the first token that differs. Where the final differs from text
+  already sent as deltas, the deltas stand (they are never retracted) and `Completed` carries the
+  authoritative text; otherwise its remainder goes out as a last delta, so the deltas spell the final.
 - Memory: an utterance is cut, and finalized, at MAX_UTTERANCE_S; between utterances only the pre-roll is
   kept. A session holds at most MAX_UTTERANCE_S + PREROLL_S seconds of audio, whatever the stream's length.
 
@@ -297,15 +301,16 @@ class LiveSession:
     def _final(self, item: int, wave) -> list:
         text, ids = "", ()
         if len(wave) >= MIN_COMMIT_MS * SAMPLE_RATE // 1000:  # less is no speech (a cut at the limit)
-            transcript = self._transcribe(wave)
+            transcript = self._transcribe(wave, self.partial.draft())
             text = transcript.text
             ids = tuple(t for segment in transcript.segments for t in segment.token_ids)
         sent = self.partial.sent
         tail = [Delta(item, text[len(sent):])] if text.startswith(sent) and len(text) > len(sent) else []
         return tail + [Completed(item, text, ids, len(wave) / SAMPLE_RATE)]
 
-    def _transcribe(self, wave):
-        return self.model.transcribe(wave, sample_rate=SAMPLE_RATE, **dataclasses.asdict(self.options))
+    def _transcribe(self, wave, draft):
+        return self.model.transcribe(wave, sample_rate=SAMPLE_RATE, draft=draft,
+                                     **dataclasses.asdict(self.options))
 
     def _partial(self) -> list:
         """Decode the partial window again; the newly agreed text, if any, as a delta."""
@@ -313,7 +318,7 @@ class LiveSession:
         text = ""
         if end - state.window_start > self.limits.partial_window_s * SAMPLE_RATE and state.covered:
             text = state.close_window()  # the last partial's text is kept; the window starts where it ended
-        transcript = self._transcribe(self.audio.span(state.window_start, end))
+        transcript = self._transcribe(self.audio.span(state.window_start, end), state.previous)
         ids = [t for segment in transcript.segments for t in segment.token_ids]
         text += state.agree(ids, self.model.tokenizer.decode, end)
         state.due = end + int(self.limits.partial_interval_s * SAMPLE_RATE)
@@ -329,6 +334,7 @@ class _Partials:
         self.window_start = start  # the window's first stream sample: the utterance's, until it is closed
         self.covered = 0  # the stream sample the last partial decoded up to (0: none yet)
         self.previous: list[int] | None = None  # the last partial's token ids
+        self.closed_ids: list[int] = []  # the token ids of the closed windows' last partials, in order
         self.previous_text = ""
         self.before = ""  # the text of the closed windows
         self.sent = ""  # the text sent as deltas, append-only
@@ -348,8 +354,14 @@ class _Partials:
     def close_window(self) -> str:
         """The window ends where the last partial did, its text taken as read; the part not yet sent."""
         self.before = join_texts([self.before, self.previous_text])
+        self.closed_ids += self.previous
         self.window_start, self.previous = self.covered, None
         return self._extend("")
+
+    def draft(self) -> list[int] | None:
+        """The token ids the partials read from the utterance's start: the final's draft (None before any)."""
+        ids = self.closed_ids + (self.previous or [])
+        return ids or None
 
     def _extend(self, window_text: str) -> str:
         text = join_texts([self.before, window_text])

@@ -36,3 +36,20 @@ def test_latencies_are_matched_to_the_utterance_each_item_covers():
     summary = bench.summarize([run], 15.0, 3.0, 40.0, max_latency=1.2)
     assert summary["end_of_speech_to_completed_s"]["n"] == 2 and summary["completed"] == 2
     assert summary["real_time"] is False and summary["cpu_s_per_audio_s"] == 0.2
+
+
+def test_the_baseline_model_decodes_without_drafts(fast_model, monkeypatch):
+    from nanoasr.model import generate
+    from tools.lib.synth import speech_like
+
+    seen, plain = [], generate.generate
+
+    def spy(*args, drafts=None, **kwargs):
+        seen.append(drafts)
+        return plain(*args, drafts=drafts, **kwargs)
+    monkeypatch.setattr(generate, "generate", spy)
+    baseline = bench.without_drafts()(fast_model.checkpoint, threads=1)
+    wave = speech_like(1.0, 2)
+    baseline.transcribe(wave, sample_rate=bench.SR, max_new_tokens=3, draft=[100, 101])
+    fast_model.transcribe(wave, sample_rate=bench.SR, max_new_tokens=3, draft=[100, 101])
+    assert seen == [None, {0: [100, 101]}]

@@ -198,7 +198,8 @@ KERNELS = Kernels(add_bias=add_bias, layer_norm=layer_norm, rms_norm=rms_norm,
                   apply_rope=apply_rope, fsmn=fsmn,
                   new_position=new_position,
                   decode_attention=decode_attention, compiled_layer=compiled_layer, mask_inplace=mask_inplace,
-                  stored_matmul=stored_matmul, take_rows=take_rows, products=products)
+                  stored_matmul=stored_matmul, take_rows=take_rows, products=products,
+                  decode_rows=FUSED_ROWS)
 
 
 def resolved_activations(dtype: str, activations: str) -> str:

@@ -70,7 +70,7 @@ KERNELS = Kernels(add_bias=xp.add_bias_xp, layer_norm=xp.layer_norm_xp, rms_norm
                   fsmn=xp.fsmn_xp, new_position=xp.new_position_xp,
                   decode_attention=xp.decode_attention_xp, compiled_layer=compiled_layer,
                   mask_inplace=xp.mask_inplace_xp, stored_matmul=stored_matmul, take_rows=take_rows,
-                  products=xp.products_xp)
+                  products=xp.products_xp, decode_rows=0)
 
 
 def plan(weights: dict, threads: int | None, huge_pages: bool):

@@ -24,3 +24,5 @@ class Kernels:
     stored_matmul: Callable
     take_rows: Callable
     products: Callable
+    decode_rows: int  # products of up to this many rows compute each row as they compute it alone (the decode
+    # kernels: a decode step's bits for each row); 0 where the device does not promise it

@@ -9,14 +9,21 @@ the cache rows and their positions for that loop: prefill prompts into free rows
 for all of them), step every active row, retire a finished row. Where the backend has one, a decode step's
 layer runs as one compiled call (ops.compiled_layer: on the CPU, made once per Session) computing what the
 op-by-op layer below computes, bit for bit.
+
+A draft (Session.prefill_draft) rides along a one-row prefill: positions after the prompt whose tokens are
+guessed, each computed as a decode step computes its one row (_draft_layer), so that its logits and cache
+rows carry a step's bits. A prefill's many-row products do not: BLAS, the int8 GEMM and the bf16 GEMM sum in
+another order than the decode kernels, and a logit of a prefilled position differs from the step's in its
+last bits on every product path (float32, int8 and bf16 rows alike).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from nanoasr.model.config import TextConfig
-from nanoasr.ops import (apply_rope, compiled_layer, decode_attention, linear, mask_inplace, new_position,
-                         products, rms_norm, rope_inv_freq, rope_tables, softmax_inplace, swiglu, take_rows)
+from nanoasr.ops import (apply_rope, compiled_layer, decode_attention, decode_rows, linear, mask_inplace,
+                         new_position, products, rms_norm, rope_inv_freq, rope_tables, softmax_inplace,
+                         swiglu, take_rows)
 from nanoasr.tensor import StoredTensor
 from nanoasr.xp import array_module
 
@@ -128,6 +135,42 @@ def _attend_block(q, keys, values, keep, activations):  # q [B, h, g, c, hd], ke
     return attended.reshape(b, h, g, c, hd).transpose(0, 3, 1, 2, 4)
 
 
+def row_products(x, weight, per: int):  # [n, in] -> [n, out] in products of at most `per` rows (decode_rows),
+    # so that each row has the bits a decode step gives it alone
+    if len(x) <= per:
+        return linear(x, weight)
+    return array_module(x).concatenate([linear(x[a:a + per], weight) for a in range(0, len(x), per)])
+
+
+def _draft_layer(d, w, i, cfg: TextConfig, cache: KVCache, row: int, start: int, rope, positions, per: int):
+    """d [k, H]: the draft positions start, start + 1, ... of cache row `row`, after the layer's prompt
+    positions are in the cache -> [k, H]. Each is computed as a decode step computes its one row, op by op
+    (which the compiled layer matches bit for bit): products of at most `per` rows, then its own
+    new_position and decode_attention over the cache, which hold every position before it."""
+    p = f"{P}layers.{i}."
+    k = len(d)
+    kvh, hd = cfg.num_key_value_heads, cfg.head_dim
+    group = cfg.num_attention_heads // kvh
+    h = rms_norm(d, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+    q = row_products(h, w[p + "self_attn.q_proj.weight"], per).reshape(k, cfg.num_attention_heads, hd)
+    keys_new = row_products(h, w[p + "self_attn.k_proj.weight"], per).reshape(k, kvh, hd)
+    v = row_products(h, w[p + "self_attn.v_proj.weight"], per).reshape(k, kvh, hd)
+    q_norm, k_norm = w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"]
+    keys, values = cache.k[i, row:row + 1], cache.v[i, row:row + 1]
+    attn = array_module(d).empty((k, cfg.num_attention_heads * hd), np.float32)
+    for j in range(k):
+        one = slice(j, j + 1)
+        qj = new_position(q[one], keys_new[one], v[one], q_norm, k_norm, cfg.rms_norm_eps, rope[0][one],
+                          rope[1][one], hd ** -0.5, keys, values, positions[one])
+        length = np.array([start + j + 1], np.int64)
+        attn[j] = decode_attention(qj.reshape(1, kvh, group, hd), keys, values, length).reshape(-1)
+    d = d + row_products(attn, w[p + "self_attn.o_proj.weight"], per)
+    h = rms_norm(d, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+    gated = swiglu(row_products(h, w[p + "mlp.gate_proj.weight"], per),
+                   row_products(h, w[p + "mlp.up_proj.weight"], per))
+    return d + row_products(gated, w[p + "mlp.down_proj.weight"], per)
+
+
 def compiled_layers(w, cfg: TextConfig) -> list:
     """Each layer's compiled decode call (ops.compiled_layer), or None where the device has none."""
     def weights(i, names):
@@ -169,11 +212,14 @@ def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, 
     return x + linear(gated, w[p + "mlp.down_proj.weight"])
 
 
-def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start, inv_freq, counts=None, compiled=None):
+def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start, inv_freq, counts=None, compiled=None,
+            draft=None):
     """[B, n, H] -> [B, H]: run new positions through the decoder, filling the cache; returns each row's
     final-normed last position. `inv_freq` [head_dim/2]: the rotary frequencies (ops.rope_inv_freq), on x's
     device. `counts` [B] (host): the positions of each row that are real, the rest padding (all n if None).
-    `compiled`: compiled_layers(w, cfg) for a decode step (made here when None)."""
+    `compiled`: compiled_layers(w, cfg) for a decode step (made here when None). `draft` [k, H]: positions
+    that follow the new ones of a single row (B = 1, no padding), each computed as a decode step computes it
+    (_draft_layer), layer by layer beside them; they are returned after the last position: [1 + k, H]."""
     xp = array_module(x)
     b, n, _ = x.shape
     counts = np.full(b, n, np.int64) if counts is None else np.asarray(counts, dtype=np.int64)
@@ -184,14 +230,22 @@ def forward(x, w, cfg: TextConfig, cache: KVCache, rows: slice, start, inv_freq,
     rope = (cos.reshape(b, n, -1), sin.reshape(b, n, -1))
     if n == 1 and compiled is None:
         compiled = compiled_layers(w, cfg)
+    if draft is not None:  # positions n, n + 1, ... of row 0, on the decode steps' tables
+        after = int(start[0]) + n
+        drafted = xp.asarray(after + np.arange(len(draft)))
+        draft_rope, per = rope_tables(drafted, inv_freq), decode_rows(draft)
     for i in range(cfg.num_hidden_layers):
         x = decoder_layer(x, w, i, cfg, cache, rows, start, rope, on_device, compiled and compiled[i])
-    cache.lengths[rows] = start + counts
+        if draft is not None:
+            draft = _draft_layer(draft, w, i, cfg, cache, rows.start, after, draft_rope, drafted, per)
+    cache.lengths[rows] = start + counts + (0 if draft is None else len(draft))
     last = x[:, -1]
     if (counts < n).any():  # prompts padded to the longest: each row's last real position
         last = last.copy()
         for r in np.flatnonzero(counts < n).tolist():
             last[r] = x[r, counts[r] - 1]
+    if draft is not None:
+        last = xp.concatenate([last, draft])
     return rms_norm(last, w[P + "norm.weight"], cfg.rms_norm_eps)
 
 
@@ -243,6 +297,32 @@ class Session:
         hidden = forward(x, self.w, self.cfg, self.cache, rows, [0] * len(prompts), self.inv_freq, counts)
         self.active += len(prompts)
         return logits(hidden, self.w)
+
+    def prefill_draft(self, embeds, draft, room: int = 0):  # [L, H], k token ids -> hidden [1 + k, H]
+        """Run a prompt and the draft tokens after it into the next free row in one forward: the final-normed
+        last prompt position, then each draft position, with a decode step's bits (forward's `draft`); the
+        row holds L + k positions (rewind drops the rejected ones) and room for L + max(room, k)."""
+        if self.active >= self.rows:
+            raise ValueError(f"no free cache row for a prompt: {self.rows} of {self.rows} are active")
+        if decode_rows(embeds) == 0:
+            raise ValueError("this device does not compute a draft's positions with a decode step's bits")
+        xp = array_module(embeds)
+        if self.cache is None:
+            self.cache = KVCache(self.cfg, self.rows, len(embeds) + max(room, len(draft)), xp)
+            self.inv_freq = xp.asarray(self.inv_freq)
+        self.cache.reserve(len(embeds) + max(room, len(draft)))
+        rows = slice(self.active, self.active + 1)
+        hidden = forward(embeds[None], self.w, self.cfg, self.cache, rows, [0], self.inv_freq,
+                         draft=embed(list(draft), self.w))
+        self.active += 1
+        return hidden
+
+    def rewind(self, row: int, length: int) -> None:
+        """Keep the first `length` positions of active row `row` (a draft's rejected positions are dropped:
+        the next step writes over them)."""
+        if not 0 <= row < self.active or not 0 <= length <= self.cache.lengths[row]:
+            raise ValueError(f"row {row} of {self.active} active rows cannot keep {length} positions")
+        self.cache.lengths[row] = length
 
     def step(self, ids):  # one token id per active row [active] -> logits [active, vocab]
         if len(ids) != self.active:

@@ -2,6 +2,17 @@
 free rows (prefilled together), retire the rows that are done, and step every active row by one token (one
 pass over the weights for the whole pool). Retiring moves the last active row into the freed one, so the
 active rows stay a contiguous prefix of the cache, and free rows take the next prompts.
+
+A prompt may come with a draft: token ids guessed to follow it (a previous decode of the same audio). The
+draft is verified in the prompt's prefill forward (decoder.Session.prefill_draft) and its longest prefix that
+greedy decoding would choose is kept, with the choice after it; decoding goes on from there. The result is
+greedy decoding's, token for token, because each draft position is computed as a decode step computes it
+(the same kernels on one row's bits, the cache holding the same positions): its logits, so its greedy
+choice, are the step's bits. A position computed inside the prefill's many-row products would not do:
+BLAS, the int8 GEMM and the bf16 GEMM sum in another order than the decode kernels, so a logit of a
+prefilled position differs from the step's in its last bits on every product path (tests/test_draft.py
+shows it), and in a near tie verification would then accept a token greedy decoding does not choose.
+Where the device does not promise those bits (ops.decode_rows is 0: the GPU), drafts are not used.
 """
 from __future__ import annotations
 
@@ -14,7 +25,7 @@ import numpy as np
 from nanoasr.errors import ModelError
 from nanoasr.model import decoder
 from nanoasr.model.config import TextConfig
-from nanoasr.ops import greedy_choice
+from nanoasr.ops import decode_rows, greedy_choice
 from nanoasr.tensor import StoredTensor, has_nonfinite
 from nanoasr.xp import array_module, to_numpy
 
@@ -113,6 +124,36 @@ def _finish(ids: list[int], budget: int, stop_ids, ignore_stop: bool) -> Generat
     return None
 
 
+def first_finish(ids: list[int], budget: int, stop_ids, ignore_stop: bool) -> list[int]:
+    """`ids` cut after the first token at which a stopping rule ends the generation (greedy decoding checks
+    them after each token), or whole."""
+    for end in range(1, len(ids)):
+        if _finish(ids[:end], budget, stop_ids, ignore_stop) is not None:
+            return ids[:end]
+    return ids
+
+
+def _draft_choices(session: decoder.Session, embeds, draft: list[int], budget: int, suppress):
+    """Prefill a prompt [L, H] with its draft and keep the draft's longest prefix greedy decoding chooses ->
+    (ids, log-probabilities): that prefix and the greedy choice after it. The row keeps the positions of the
+    kept draft tokens only."""
+    hidden = session.prefill_draft(embeds, draft, budget)  # [1 + k, H]
+    per, row = decode_rows(hidden), session.active - 1
+    ids, lps = [], []
+    for a in range(0, len(hidden), per):  # the head a few rows at a time, up to the first rejected token
+        logits = decoder.logits(hidden[a:a + per], session.w)
+        if a == 0 and not to_numpy(array_module(logits).isfinite(logits).all()):
+            raise _nonfinite_weights(session.w)
+        chosen, chosen_lps = _greedy(logits, suppress)
+        ids += chosen
+        lps += chosen_lps
+        kept = next((j for j, token in enumerate(draft) if j >= len(ids) or ids[j] != token), len(draft))
+        if kept < len(ids):
+            break
+    session.rewind(row, len(embeds) + kept)
+    return ids[:kept + 1], lps[:kept + 1]
+
+
 def _first_choices(session: decoder.Session, group, suppress):  # [(item, (e [L, H], budget))] -> (ids, lps)
     logits = session.prefill_many([e for _, (e, _) in group], [budget for _, (_, budget) in group])
     if not to_numpy(array_module(logits).isfinite(logits).all()):  # before `suppress` writes its -inf
@@ -149,7 +190,7 @@ def _untimed(stage: str):  # the stage context when no timer is given
 
 
 def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, rows=None, timer=None,
-             on_done=None, bf16_rope=False, on_tokens=None):
+             on_done=None, bf16_rope=False, on_tokens=None, drafts=None):
     """embeds: prompt embeddings [L_b, H]; budgets: new tokens allowed each -> list[Generation], in order.
 
     At most `rows` prompts decode together (all of them when None); a row that finishes takes the next
@@ -160,6 +201,8 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
     (settled_length).
     `ignore_stop` decodes exactly `budget` tokens, never choosing a stop token (reference comparisons,
     benchmarks). `bf16_rope`: the funasr profile's rotary frequencies (decoder.Session).
+    `drafts` {index: token ids}: drafts of the prompts that have one (see the module's docstring); each such
+    prompt is prefilled alone, and the generations are those without drafts.
     """
     suppress = tuple(stop_ids) if ignore_stop else ()
     session = decoder.Session(w, cfg, rows or len(embeds), bf16_rope)
@@ -168,8 +211,10 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
     results: dict[int, Generation] = {}
     stage = timer.stage if timer is not None else _untimed
     exhausted = False
+    # a draft holds at most budget - 1 tokens: the last token a budget allows is never fed back
+    drafts = {item: list(draft)[:budgets[item] - 1] for item, draft in (drafts or {}).items()}
     while True:
-        exhausted = exhausted or _admit(session, prompts, live, suppress, stage)
+        exhausted = exhausted or _admit(session, prompts, live, stage, drafts, (stop_ids, ignore_stop))
         retired = _retire(session, live, results, stop_ids, ignore_stop, on_done)
         if retired and not exhausted:  # freed rows take the next prompts first
             continue
@@ -185,15 +230,25 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
                 row.logprobs.append(lp)
 
 
-def _admit(session: decoder.Session, prompts, live: list[_Row], suppress, stage) -> bool:
-    """Prefill the next prompts into the free rows, those that fit together in one forward; True once no
-    prompt is left."""
+def _admit(session: decoder.Session, prompts, live: list[_Row], stage, drafts: dict, stopping) -> bool:
+    """Prefill the next prompts into the free rows: each with a draft alone, with it (_draft_choices), the
+    others together where they fit one forward; True once no prompt is left. `stopping`: (stop ids,
+    ignore_stop)."""
+    stop_ids, ignore_stop = stopping
+    suppress = tuple(stop_ids) if ignore_stop else ()
     waiting, exhausted = [], False
     while session.active + len(waiting) < session.rows:
         prompt = next(prompts, None)
         if prompt is None:
             exhausted = True
             break
+        item, (e, budget) = prompt
+        if drafts.get(item) and decode_rows(e):  # no draft where the device does not promise a step's bits
+            with stage("prefill"):
+                ids, lps = _draft_choices(session, e, drafts[item], budget, suppress)
+            ids = first_finish(ids, budget, stop_ids, ignore_stop)
+            live.append(_Row(item, budget, ids, lps[:len(ids)]))
+            continue
         waiting.append(prompt)
     for group in _prefill_groups(waiting):
         with stage("prefill"):

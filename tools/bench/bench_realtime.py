@@ -2,8 +2,9 @@
 `/v1/realtime?intent=transcription` over loopback, and each event's arrival is timed.
 
     python tools/bench/bench_realtime.py --model MODEL [--sessions 1,2,4] [--seconds 30] [--threads 2]
-                                   [--silence-ms 500] [--max-latency 1.2] [--json out.json]
+                                   [--silence-ms 500] [--max-latency 1.2] [--no-draft] [--json out.json]
     python tools/bench/bench_realtime.py --url ws://127.0.0.1:8000 --api-key KEY ...   (a running server)
+    python tools/bench/bench_realtime.py --model MODEL --finals 5 [--threads 2]   (final decodes alone)
 
 Each speaker sends its own clip (utterances of 2-6 s with speech-like pauses inside, 3 s of silence after
 each, so the server's VAD ends each one) as 24 kHz PCM16 in 40 ms appends, paced by the clock, with
@@ -11,7 +12,14 @@ server VAD's silence_duration_ms at --silence-ms (the end-of-speech latency incl
 utterance: end of speech (its last loud sample) to `completed`, and start of speech to the first delta; per
 item, the mean gap between deltas (partial cadence). With --model the server runs in this process, so its
 CPU seconds and resident memory are measured and reported per session. A session count stays real time when
-every utterance was completed and the p95 end-of-speech latency is within --max-latency.
+every utterance was completed and the p95 end-of-speech latency is within --max-latency. --no-draft serves a
+model that decodes finals and partials without their drafts (the previous partial's token ids), the baseline
+that draft verification is measured against.
+
+--finals N times, instead, the final decode of N utterances (2-6 s) alone, in this process: Model.transcribe
+without a draft, and with its own token ids as the draft, which is what a final gets from a last partial that
+read the same words (the transcript of a trained model holds still as the audio grows; a random checkpoint's
+does not, so over the server its drafts are rejected early and the rounds above show no gain from them).
 """
 from __future__ import annotations
 
@@ -161,7 +169,17 @@ async def round_of(url: str, headers: dict, sessions: int, args):
     return runs, audio_s
 
 
-def serve_here(model: str, threads: int | None):
+def without_drafts():
+    """Model, less its `draft`: every decode from the prompt alone."""
+    from nanoasr.api import Model
+
+    class WithoutDrafts(Model):
+        def transcribe(self, audio, *, draft=None, **options):
+            return super().transcribe(audio, **options)
+    return WithoutDrafts
+
+
+def serve_here(model: str, threads: int | None, drafts: bool = True):
     """The server on 127.0.0.1 in this process: (its ws:// URL, a function that stops it)."""
     import uvicorn
 
@@ -171,7 +189,8 @@ def serve_here(model: str, threads: int | None):
 
     from nanoasr.realtime import Limits
 
-    app = create_app(Model.load(model, threads=threads), max_queue=256)
+    loaded = (Model if drafts else without_drafts()).load(model, threads=threads)
+    app = create_app(loaded, max_queue=256)
     app.state.live_limits = Limits(vad="energy")  # the speakers are tones: Silero VAD hears no speech in them
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                            ws_max_size=WS_MAX_BYTES))
@@ -191,6 +210,30 @@ def serve_here(model: str, threads: int | None):
     return f"ws://127.0.0.1:{port}", stop
 
 
+def final_times(model_path: str, utterances: int, threads: int | None) -> dict:
+    """Seconds of Model.transcribe per utterance without a draft and with a right one (its own ids), p50 and
+    p95; the drafted transcripts are checked to be the plain ones."""
+    from nanoasr.api import Model
+
+    model = Model.load(model_path, threads=threads)
+    rng = np.random.default_rng(0)
+    plain_s, drafted_s, tokens = [], [], []
+    for _ in range(utterances):
+        wave = speech_like(rng.uniform(2.0, 6.0), int(rng.integers(1 << 30)))
+        start = time.perf_counter()
+        plain = model.transcribe(wave, sample_rate=SR)
+        plain_s.append(time.perf_counter() - start)
+        ids = [t for segment in plain.segments for t in segment.token_ids]
+        start = time.perf_counter()
+        drafted = model.transcribe(wave, sample_rate=SR, draft=ids)
+        drafted_s.append(time.perf_counter() - start)
+        if drafted.segments != plain.segments:
+            raise AssertionError("a drafted final differs from the plain one")
+        tokens.append(len(ids))
+    return {"utterances": utterances, "tokens": percentiles(tokens),
+            "final_without_draft_s": percentiles(plain_s), "final_with_right_draft_s": percentiles(drafted_s)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="run the server here, on this model")
@@ -203,12 +246,25 @@ def main(argv=None) -> int:
     parser.add_argument("--max-latency", type=float, default=1.2)
     parser.add_argument("--settle", type=float, default=30.0,
                         help="seconds a speaker waits for its last finals after its audio ends")
+    parser.add_argument("--no-draft", action="store_true",
+                        help="decode without drafts (with --model): the baseline of draft verification")
+    parser.add_argument("--finals", type=int, default=None,
+                        help="time N final decodes alone, with and without a right draft (with --model)")
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args(argv)
     logging.getLogger("nanoasr").setLevel(logging.ERROR)  # a random model's budget warnings, once a decode
     if (args.model is None) == (args.url is None):
         parser.error("give --model (a server in this process) or --url (a running server)")
-    url, stop = serve_here(args.model, args.threads) if args.model else (args.url.rstrip("/"), None)
+    if args.finals is not None:
+        if args.model is None or args.finals < 1:
+            parser.error("--finals takes a positive count and --model")
+        results = [final_times(args.model, args.finals, args.threads)]
+        print(json.dumps(results[0]), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        return 0
+    url, stop = serve_here(args.model, args.threads, not args.no_draft) if args.model \
+        else (args.url.rstrip("/"), None)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     results = []
     try:

@@ -93,8 +93,11 @@ def _product(x, data, dtype, out):  # x [n <= 8, cols] -> out [n, rows]
     nb = x.shape[1] // BLOCKS[dtype].size
     MATVEC[dtype](x, data, nb, out)
     done = nb * BLOCKS[dtype].size
-    if done < x.shape[1]:  # dense rows: the columns past the last whole block of 32
-        out += x[:, done:] @ _dense_float(data[:, done:], dtype).T
+    if done < x.shape[1]:  # dense rows: the columns past the last whole block of 32, one row at a time, so
+        # that each row has the bits it has alone (BLAS sums a many-row product in another order)
+        tail = _dense_float(data[:, done:], dtype).T
+        for r in range(x.shape[0]):
+            out[r:r + 1] += x[r:r + 1, done:] @ tail
 
 
 def _dense_float(data: np.ndarray, dtype: str) -> np.ndarray:
