@@ -196,24 +196,17 @@ class Model:
 
     # --- stages (also used by the parity tests) -------------------------------------------------------
 
-    def features(self, waves, reference: str):  # list of [N_b] -> feats [B, T, 560], mask [B, T]
+    def features(self, wave, reference: str):  # [N] -> [T, 560] on the model's device (computed on the host)
         from nanoasr.audio.fbank import features
 
-        per_item = [features(w, reference)[0] for w in waves]
-        t_max = max(f.shape[0] for f in per_item)
-        feats = np.zeros((len(per_item), t_max, per_item[0].shape[1]), np.float32)
-        mask = np.zeros((len(per_item), t_max), bool)
-        for b, f in enumerate(per_item):
-            feats[b, :len(f)], mask[b, :len(f)] = f, True
-        xp = self.backend.xp
-        return xp.asarray(feats), xp.asarray(mask)
+        return self.backend.xp.asarray(features(wave, reference)[0])
 
-    def encode(self, feats, mask, taps=None):  # [B, T, 560] -> [B, T, 512]
-        return encoder.encode(feats, mask, self.weights, self.config.audio, taps)
+    def encode(self, feats, taps=None):  # [T, 560] -> [T, 512]
+        return encoder.encode(feats, self.weights, self.config.audio, taps)
 
-    def adapt(self, enc, mask, reference: str, taps=None):  # [B, T, 512] -> [B, T, 1024]
+    def adapt(self, enc, reference: str, taps=None):  # [T, 512] -> [T, 1024]
         eps = FUNASR_ADAPTOR_EPS if reference == "funasr" else self.config.adaptor.layer_norm_eps
-        return adaptor.adapt(enc, mask, self.weights, self.config.adaptor, eps, taps)
+        return adaptor.adapt(enc, self.weights, self.config.adaptor, eps, taps)
 
     def prompt_embeds(self, audio_rows, options: Options):  # [n, H] -> ([L, H], ids [L])
         return self._fill_prompt(audio_rows, prompt.template(self.tokenizer, **options.prompt_options()))
@@ -231,19 +224,19 @@ class Model:
         """Prompt embeddings [L, H] for the spans of `wave`, in order, each computed when the decoder asks for
         it. Spans go through the encoder one at a time, so no work is spent on padding them to a common
         length; each fills the audio slot of the call's one tokenized `template`. With `encodings`, each
-        span's encoder output [1, T, 512] and mask [1, T] are kept there by index, for the CTC branch."""
+        span's encoder output [T, 512] is kept there by index, for the CTC branch."""
         for index, (a, b) in enumerate(spans):
             with timer.stage("frontend"):
-                feats, mask = self.features([wave[a:b]], options.reference)
+                feats = self.features(wave[a:b], options.reference)
             with timer.stage("encoder"):
-                enc = self.encode(feats, mask)
+                enc = self.encode(feats)
             if encodings is not None:
-                encodings[index] = enc, mask
+                encodings[index] = enc
             with timer.stage("adaptor"):
-                audio = self.adapt(enc, mask, options.reference)
+                audio = self.adapt(enc, options.reference)
             low_frame_rate = self.config.adaptor.use_low_frame_rate
-            n = prompt.n_audio_tokens(feats.shape[1], options.reference, low_frame_rate)
-            yield self._fill_prompt(audio[0, :n], template)[0]
+            n = prompt.n_audio_tokens(feats.shape[0], options.reference, low_frame_rate)
+            yield self._fill_prompt(audio[:n], template)[0]
 
     def transcribe(self, audio, *, sample_rate: int | None = None, language: str | None = None,
                    itn: bool = True, hotwords=(), context: str | None = None, reference: str = "funasr",
@@ -366,8 +359,8 @@ class _InOrder:
                           g.finish_reason, tuple(g.ids), g.avg_logprob)
         if self.encodings is not None:
             with self.timer.stage("ctc"):
-                enc, mask = self.encodings.pop(index)
-                segment = timestamps.with_words(segment, enc, mask, self.model.ctc, self.model.ctc_weights)
+                segment = timestamps.with_words(segment, self.encodings.pop(index), self.model.ctc,
+                                                self.model.ctc_weights)
         self.segments.append(segment)
         if self.on_segment is not None:
             self.on_segment(segment)
