@@ -19,7 +19,7 @@ import numpy as np
 from nanoasr import backend as backend_mod
 from nanoasr import timestamps
 from nanoasr.audio import SAMPLE_RATE
-from nanoasr.audio.fbank import REFERENCES
+from nanoasr.audio.fbank import check_reference
 from nanoasr.backend import host
 from nanoasr.checkpoints import ctc
 from nanoasr.checkpoints.checkpoint import Checkpoint
@@ -68,9 +68,7 @@ class Options:
         if budget is not None:
             object.__setattr__(self, "max_new_tokens", _whole_number("max_new_tokens", budget, "or None"))
         object.__setattr__(self, "hotwords", _hotword_tuple(self.hotwords))
-        if self.reference not in REFERENCES:
-            raise OptionError(f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}",
-                              "reference")
+        check_reference(self.reference)
         if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= generate.MAX_NEW_TOKENS:
             raise OptionError(f"max_new_tokens must be between 1 and {generate.MAX_NEW_TOKENS}; "
                               f"got {self.max_new_tokens}", "max_new_tokens")
@@ -84,6 +82,13 @@ class Options:
 
     def prompt_options(self) -> dict:
         return dict(language=self.language, itn=self.itn, hotwords=self.hotwords, context=self.context)
+
+
+def check_language(language: str | None, variant: str | None) -> None:
+    """OptionError for a language unknown, or one the model `variant` was not trained for (naming its
+    languages); with `variant` None (not known yet), any language some variant knows passes. The CLI asks
+    before loading a model whose variant its name tells; Model.check_options asks of the loaded model."""
+    prompt.language_code(language, prompt.VARIANT_LANGUAGES.get(variant))
 
 
 def _check_type(name: str, value, types, accepted: str) -> None:
@@ -183,7 +188,7 @@ class Model:
         """OptionError for what this model cannot do, before any audio is read: a language it was not trained
         for (naming its languages), or word timestamps without FunASR's CTC branch (naming the checkpoints
         that have it)."""
-        prompt.language_code(language, self.languages)
+        check_language(language, self._variant)
         if word_timestamps and self.ctc is None:
             raise OptionError(f"word timestamps need FunASR's CTC branch (ctc_decoder.* and ctc.ctc_lo.*): "
                               f"{ctc.HOLDERS}; this model: {self.checkpoint.ctc_absent}", "word_timestamps")
@@ -191,8 +196,11 @@ class Model:
     @property
     def languages(self) -> tuple[str, ...]:
         """ISO codes of the languages the loaded model was trained for (those of its variant)."""
-        variant = self.checkpoint.source.get("variant") or prompt.DEFAULT_VARIANT
-        return prompt.VARIANT_LANGUAGES[variant]
+        return prompt.VARIANT_LANGUAGES[self._variant]
+
+    @property
+    def _variant(self) -> str:  # the variant the checkpoint's source names, else the default one
+        return self.checkpoint.source.get("variant") or prompt.DEFAULT_VARIANT
 
     # --- stages (also used by the parity tests) -------------------------------------------------------
 

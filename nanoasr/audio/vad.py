@@ -17,7 +17,6 @@ import numpy as np
 from nanoasr.audio import SAMPLE_RATE
 from nanoasr.audio.segment import (FRAME_S, HOP_S, HYSTERESIS_DB, MIN_PAUSE_S, MIN_SPEECH_S, frame_db,
                                    speech_threshold)
-from nanoasr.errors import OptionError
 
 FRAME = round(FRAME_S * SAMPLE_RATE)  # 400 samples
 HOP = round(HOP_S * SAMPLE_RATE)  # 160 samples: event times fall on 10 ms steps
@@ -52,13 +51,9 @@ class StreamingVad:
     """Speech start and end of a 16 kHz stream fed in chunks of any size; memory is bounded by HISTORY_S."""
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD, silence_ms: int | None = None, origin: int = 0):
-        """`origin`: the stream sample the first sample fed will be (transitions count from the stream's
-        start)."""
-        if not 0.0 <= threshold <= 1.0:
-            raise OptionError(f"threshold must be between 0 and 1; got {threshold}", "threshold")
-        if silence_ms is not None and silence_ms < 0:
-            raise OptionError(f"silence_duration_ms must be 0 or more; got {silence_ms}",
-                              "silence_duration_ms")
+        """`threshold` and `silence_ms` as nanoasr.realtime.TurnDetection checks them (threshold 0..1, silence
+        0..10000 ms); `origin`: the stream sample the first sample fed will be (transitions count from the
+        stream's start)."""
         self.offset_db = (threshold - DEFAULT_THRESHOLD) * DB_PER_THRESHOLD
         self.silence_ms, self.origin = silence_ms, origin
         self.tail = np.zeros(0, np.float32)  # samples not yet in a whole frame
