@@ -19,7 +19,7 @@ import numpy as np
 from nanoasr import backend as backend_mod
 from nanoasr import timestamps
 from nanoasr.audio import SAMPLE_RATE
-from nanoasr.audio.fbank import REFERENCES
+from nanoasr.audio.fbank import check_reference
 from nanoasr.audio.segment import DEFAULT_SEGMENT_VAD, SEGMENT_VADS
 from nanoasr.backend import host
 from nanoasr.checkpoints import ctc
@@ -73,9 +73,7 @@ class Options:
         if self.vad not in SEGMENT_VADS:
             raise OptionError(f"vad must be one of {', '.join(SEGMENT_VADS)}; got {reprlib.repr(self.vad)}",
                               "vad")
-        if self.reference not in REFERENCES:
-            raise OptionError(f"reference must be one of {', '.join(REFERENCES)}; got {self.reference!r}",
-                              "reference")
+        check_reference(self.reference)
         if self.max_new_tokens is not None and not 1 <= self.max_new_tokens <= generate.MAX_NEW_TOKENS:
             raise OptionError(f"max_new_tokens must be between 1 and {generate.MAX_NEW_TOKENS}; "
                               f"got {self.max_new_tokens}", "max_new_tokens")
@@ -89,6 +87,13 @@ class Options:
 
     def prompt_options(self) -> dict:
         return dict(language=self.language, itn=self.itn, hotwords=self.hotwords, context=self.context)
+
+
+def check_language(language: str | None, variant: str | None) -> None:
+    """OptionError for a language unknown, or one the model `variant` was not trained for (naming its
+    languages); with `variant` None (not known yet), any language some variant knows passes. The CLI asks
+    before loading a model whose variant its name tells; Model.check_options asks of the loaded model."""
+    prompt.language_code(language, prompt.VARIANT_LANGUAGES.get(variant))
 
 
 def _check_type(name: str, value, types, accepted: str) -> None:
@@ -188,7 +193,7 @@ class Model:
         """OptionError for what this model cannot do, before any audio is read: a language it was not trained
         for (naming its languages), or word timestamps without FunASR's CTC branch (naming the checkpoints
         that have it)."""
-        prompt.language_code(language, self.languages)
+        check_language(language, self._variant)
         if word_timestamps and self.ctc is None:
             raise OptionError(f"word timestamps need FunASR's CTC branch (ctc_decoder.* and ctc.ctc_lo.*): "
                               f"{ctc.HOLDERS}; this model: {self.checkpoint.ctc_absent}", "word_timestamps")
@@ -196,29 +201,25 @@ class Model:
     @property
     def languages(self) -> tuple[str, ...]:
         """ISO codes of the languages the loaded model was trained for (those of its variant)."""
-        variant = self.checkpoint.source.get("variant") or prompt.DEFAULT_VARIANT
-        return prompt.VARIANT_LANGUAGES[variant]
+        return prompt.VARIANT_LANGUAGES[self._variant]
+
+    @property
+    def _variant(self) -> str:  # the variant the checkpoint's source names, else the default one
+        return self.checkpoint.source.get("variant") or prompt.DEFAULT_VARIANT
 
     # --- stages (also used by the parity tests) -------------------------------------------------------
 
-    def features(self, waves, reference: str):  # list of [N_b] -> feats [B, T, 560], mask [B, T]
+    def features(self, wave, reference: str):  # [N] -> [T, 560] on the model's device (computed on the host)
         from nanoasr.audio.fbank import features
 
-        per_item = [features(w, reference)[0] for w in waves]
-        t_max = max(f.shape[0] for f in per_item)
-        feats = np.zeros((len(per_item), t_max, per_item[0].shape[1]), np.float32)
-        mask = np.zeros((len(per_item), t_max), bool)
-        for b, f in enumerate(per_item):
-            feats[b, :len(f)], mask[b, :len(f)] = f, True
-        xp = self.backend.xp
-        return xp.asarray(feats), xp.asarray(mask)
+        return self.backend.xp.asarray(features(wave, reference)[0])
 
-    def encode(self, feats, mask, taps=None):  # [B, T, 560] -> [B, T, 512]
-        return encoder.encode(feats, mask, self.weights, self.config.audio, taps)
+    def encode(self, feats, taps=None):  # [T, 560] -> [T, 512]
+        return encoder.encode(feats, self.weights, self.config.audio, taps)
 
-    def adapt(self, enc, mask, reference: str, taps=None):  # [B, T, 512] -> [B, T, 1024]
+    def adapt(self, enc, reference: str, taps=None):  # [T, 512] -> [T, 1024]
         eps = FUNASR_ADAPTOR_EPS if reference == "funasr" else self.config.adaptor.layer_norm_eps
-        return adaptor.adapt(enc, mask, self.weights, self.config.adaptor, eps, taps)
+        return adaptor.adapt(enc, self.weights, self.config.adaptor, eps, taps)
 
     def prompt_embeds(self, audio_rows, options: Options):  # [n, H] -> ([L, H], ids [L])
         return self._fill_prompt(audio_rows, prompt.template(self.tokenizer, **options.prompt_options()))
@@ -236,19 +237,19 @@ class Model:
         """Prompt embeddings [L, H] for the spans of `wave`, in order, each computed when the decoder asks for
         it. Spans go through the encoder one at a time, so no work is spent on padding them to a common
         length; each fills the audio slot of the call's one tokenized `template`. With `encodings`, each
-        span's encoder output [1, T, 512] and mask [1, T] are kept there by index, for the CTC branch."""
+        span's encoder output [T, 512] is kept there by index, for the CTC branch."""
         for index, (a, b) in enumerate(spans):
             with timer.stage("frontend"):
-                feats, mask = self.features([wave[a:b]], options.reference)
+                feats = self.features(wave[a:b], options.reference)
             with timer.stage("encoder"):
-                enc = self.encode(feats, mask)
+                enc = self.encode(feats)
             if encodings is not None:
-                encodings[index] = enc, mask
+                encodings[index] = enc
             with timer.stage("adaptor"):
-                audio = self.adapt(enc, mask, options.reference)
+                audio = self.adapt(enc, options.reference)
             low_frame_rate = self.config.adaptor.use_low_frame_rate
-            n = prompt.n_audio_tokens(feats.shape[1], options.reference, low_frame_rate)
-            yield self._fill_prompt(audio[0, :n], template)[0]
+            n = prompt.n_audio_tokens(feats.shape[0], options.reference, low_frame_rate)
+            yield self._fill_prompt(audio[:n], template)[0]
 
     def transcribe(self, audio, *, sample_rate: int | None = None, language: str | None = None,
                    itn: bool = True, hotwords=(), context: str | None = None, reference: str = "funasr",
@@ -394,8 +395,8 @@ class _InOrder:
                           g.finish_reason, tuple(g.ids), g.avg_logprob)
         if self.encodings is not None:
             with self.timer.stage("ctc"):
-                enc, mask = self.encodings.pop(index)
-                segment = timestamps.with_words(segment, enc, mask, self.model.ctc, self.model.ctc_weights)
+                segment = timestamps.with_words(segment, self.encodings.pop(index), self.model.ctc,
+                                                self.model.ctc_weights)
         self.segments.append(segment)
         if self.on_segment is not None:
             self.on_segment(segment)

@@ -49,9 +49,8 @@ def rms_norm(x, weight, eps):  # [..., d] -> [..., d]
     return kernels_for(x).rms_norm(x, weight, eps)
 
 
-def softmax_inplace(x, scale=1.0, keep=None):  # [B, ..., m] overwritten with softmax(scale * x) over the last
-    # axis; keep [B, m] bool drops item b's columns marked False (probability 0)
-    return kernels_for(x).softmax_inplace(x, scale, keep)
+def softmax_inplace(x, scale=1.0):  # [..., m] overwritten with softmax(scale * x) over the last axis
+    return kernels_for(x).softmax_inplace(x, scale)
 
 
 def greedy_choice(logits):  # [B, vocab] float32 -> (ids [B]: each row's argmax, first of ties; the
@@ -88,23 +87,23 @@ def apply_rope(x, cos, sin):  # [..., n, heads, d] with cos/sin [..., n, d] -> s
     return kernels_for(x).apply_rope(x, cos, sin)
 
 
-def attention(q, k, v, keep=None, activations="exact"):  # q [B, h, n, d], k/v [B, h, m, d], keep [B, m] bool
-    # -> [B, h, n, d]. Head-split views go to the products as they are (each head's rows are evenly strided),
-    # all heads in one call; the 1/sqrt(d) scale and the dropped keys are applied inside the softmax's passes.
+def attention(q, k, v, activations="exact"):  # q [h, n, d], k/v [h, m, d] -> [h, n, d]
+    # Head-split views go to the products as they are (each head's rows are evenly strided), all heads in one
+    # call; the 1/sqrt(d) scale is applied inside the softmax's passes.
     xp = array_module(q)
-    scores = products(q, k, activations)  # [B, h, n, m]
-    return products(softmax_inplace(scores, q.shape[-1] ** -0.5, keep), xp.swapaxes(v, -1, -2), activations)
+    scores = products(q, k, activations)  # [h, n, m]
+    return products(softmax_inplace(scores, q.shape[-1] ** -0.5), xp.swapaxes(v, -1, -2), activations)
 
 
-def self_attention(h, w, prefix, heads, mask):  # [B, T, d_in], mask [B, T] -> attn [B, T, D], v [B, T, D]
-    b, t, _ = h.shape
+def self_attention(h, w, prefix, heads):  # [T, d_in] -> attn [T, D], v [T, D]
+    t = h.shape[0]
     q = linear(h, w[prefix + "q_proj.weight"], w[prefix + "q_proj.bias"])
     k = linear(h, w[prefix + "k_proj.weight"], w[prefix + "k_proj.bias"])
     v = linear(h, w[prefix + "v_proj.weight"], w[prefix + "v_proj.bias"])
-    split = lambda x: x.reshape(b, t, heads, -1).transpose(0, 2, 1, 3)  # noqa: E731  [B, H, T, dh] views
+    split = lambda x: x.reshape(t, heads, -1).transpose(1, 0, 2)  # noqa: E731  [H, T, dh] views
     activations = getattr(w[prefix + "q_proj.weight"], "activations", "exact")  # the layer's products alike
-    out = attention(split(q), split(k), split(v), mask, activations)  # [B, H, T, dh]
-    return out.transpose(0, 2, 1, 3).reshape(b, t, -1), v
+    out = attention(split(q), split(k), split(v), activations)  # [H, T, dh]
+    return out.transpose(1, 0, 2).reshape(t, -1), v
 
 
 def new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions):
@@ -127,5 +126,5 @@ def decode_attention(q, keys, values, lengths):  # q [B, kvh, g, hd] (scaled), k
     return kernels_for(q).decode_attention(q, keys, values, lengths)
 
 
-def fsmn(v, kernel):  # v [B, T, D] (padding zeroed), kernel [D, 1, K] -> [B, T, D]: depthwise conv + v
+def fsmn(v, kernel):  # v [T, D], kernel [D, 1, K] -> [T, D]: depthwise conv over the frames + v
     return kernels_for(v).fsmn(v, kernel)

@@ -23,12 +23,12 @@ NEG_INF = np.float32(-np.inf)
 log = logging.getLogger(__name__)
 
 
-def with_words(segment: Segment, enc, mask, branch: CtcBranch, weights) -> Segment:
+def with_words(segment: Segment, enc, branch: CtcBranch, weights) -> Segment:
     """The segment with its words, the CTC branch's greedy text and their agreement (FunASR's
     inference_llm: the decoder's text aligned against the CTC posteriors of the segment's frames).
-    `enc` [1, T, 512] and `mask` [1, T] are the segment's encoder output; `weights` the branch's, placed."""
+    `enc` [T, 512] is the segment's encoder output; `weights` the branch's, placed."""
     cfg, vocab = branch.config, branch.vocabulary
-    logp = ctc.log_probs(enc, mask, weights, cfg)  # [T, vocab]
+    logp = ctc.log_probs(enc, weights, cfg)  # [T, vocab]
     ctc_text = vocab.decode(ctc.greedy_ids(logp, cfg.blank_id))
     targets = vocab.encode(segment.text)
     spans = token_spans(*ctc.target_columns(logp, targets, cfg.blank_id), targets)

@@ -216,25 +216,18 @@ def test_prefill_scores_stay_within_the_bound_whatever_the_prompt_length(monkeyp
 
 
 def test_self_attention_on_head_split_views_against_the_formula():
-    """ops.attention takes the head-split views of [B, T, H * d] projections as they are, with item 1's last
-    3 frames padding: against float64 per item and head, and the padded item's valid rows against the same
-    item run alone without padding."""
+    """ops.attention takes the head-split views of [T, H * d] projections as they are: against float64 per
+    head."""
     rng = np.random.default_rng(7)
-    b, t, heads, d = 2, 9, 3, 4
-    q, k, v = (rng.standard_normal((b, t, heads * d)).astype(np.float32) for _ in range(3))
-    mask = np.ones((b, t), bool)
-    mask[1, 6:] = False
-    split = lambda x: x.reshape(len(x), x.shape[1], heads, d).transpose(0, 2, 1, 3)  # noqa: E731
-    got = ops.attention(split(q), split(k), split(v), mask)  # [B, H, T, d]
-    for i in range(b):
-        n = int(mask[i].sum())
-        for h in range(heads):
-            qh, kh, vh = (x[i, :, h * d:(h + 1) * d].astype(np.float64) for x in (q, k, v))
-            scores = qh @ kh[:n].T / np.sqrt(d)
-            p = np.exp(scores - scores.max(-1, keepdims=True))
-            np.testing.assert_allclose(got[i, h], p / p.sum(-1, keepdims=True) @ vh[:n], rtol=2e-5, atol=2e-6)
-    alone = ops.attention(*(split(x[1:, :6]) for x in (q, k, v)), np.ones((1, 6), bool))
-    np.testing.assert_allclose(got[1, :, :6], alone[0], rtol=1e-6, atol=1e-7)
+    t, heads, d = 9, 3, 4
+    q, k, v = (rng.standard_normal((t, heads * d)).astype(np.float32) for _ in range(3))
+    split = lambda x: x.reshape(t, heads, d).transpose(1, 0, 2)  # noqa: E731
+    got = ops.attention(split(q), split(k), split(v))  # [H, T, d]
+    for h in range(heads):
+        qh, kh, vh = (x[:, h * d:(h + 1) * d].astype(np.float64) for x in (q, k, v))
+        scores = qh @ kh.T / np.sqrt(d)
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        np.testing.assert_allclose(got[h], p / p.sum(-1, keepdims=True) @ vh, rtol=2e-5, atol=2e-6)
 
 
 needs_two_threads = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two numba threads")
@@ -266,16 +259,16 @@ def test_attention_inside_numba_products_shares_out_its_heads_for_the_same_bits(
     monkeypatch.setattr(blas_split, "_split_matmul",
                         lambda *args: calls.append(args[0].shape) or original(*args))
     rng = np.random.default_rng(11)
-    q, k, v = (rng.standard_normal((1, 4, 300, 64)).astype(np.float32) for _ in range(3))
+    q, k, v = (rng.standard_normal((4, 300, 64)).astype(np.float32) for _ in range(3))
     prompt = prefill_case(kv_heads=4, group=2, n=300, start=0, hd=64, seed=3)
     with threadpool_limits(limits=1, user_api="blas"):  # as in the scope below: BLAS's own threads may sum
         alone = ops.attention(q, k, v), decoder._prefill_attention(*prompt, 2)  # in another order
     assert calls == []
     with host.threads(2, numba_products=True):
         shared = ops.attention(q, k, v), decoder._prefill_attention(*prompt, 2)
-        small = ops.attention(q[:, :, :20], k[:, :, :20], v[:, :, :20])
+        small = ops.attention(q[:, :20], k[:, :20], v[:, :20])
     assert len(calls) == 4 and all(shape[0] == 1 for shape in calls)
     for got, want in zip(shared, alone):
         np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(small, ops.attention(q[:, :, :20], k[:, :, :20], v[:, :, :20]))
+    np.testing.assert_array_equal(small, ops.attention(q[:, :20], k[:, :20], v[:, :20]))
     assert len(calls) == 4

@@ -35,20 +35,6 @@ def test_kv_cache_steps_equal_full_sequence_logits(tiny_model):
     np.testing.assert_allclose(stepped, full, atol=1e-4, rtol=1e-4)
 
 
-def test_padded_batch_equals_one_at_a_time(tiny_model):
-    waves = [cases(REFS, "transformers")[name]["wave"] for name in PROMPTS]
-    feats, mask = tiny_model.features(waves, "transformers")
-    enc = tiny_model.encode(feats, mask)
-    adapted = tiny_model.adapt(enc, mask, "transformers")
-    for b, wave in enumerate(waves):
-        f1, m1 = tiny_model.features([wave], "transformers")
-        n = f1.shape[1]
-        e1 = tiny_model.encode(f1, m1)
-        np.testing.assert_allclose(enc[b, :n], e1[0], atol=1e-5, rtol=1e-5)
-        np.testing.assert_allclose(adapted[b, :n], tiny_model.adapt(e1, m1, "transformers")[0],
-                                   atol=1e-5, rtol=1e-5)
-
-
 PREFILL_BOUNDS = [((4096, 1.0), [3]), ((generate.PREFILL_POSITIONS, generate.PREFILL_PADDING), [1, 2]),
                   ((60, 1.0), [1, 1, 1])]
 

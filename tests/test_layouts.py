@@ -580,7 +580,7 @@ def test_a_config_yaml_without_use_low_frame_rate_gives_the_decoder_every_audio_
     monkeypatch.setattr(prompt.Template, "ids", lambda self, n: rows.append(n) or real(self, n))
     wave = cases(REFS, "funasr")["short"]["wave"]
     model.transcribe(wave, sample_rate=16000, reference="funasr", max_new_tokens=2, ignore_stop=True)
-    n_frames = model.features([wave], "funasr")[0].shape[1]
+    n_frames = model.features(wave, "funasr").shape[0]
     assert rows == [n_frames] and prompt.n_audio_tokens(n_frames, "funasr") < n_frames
 
 

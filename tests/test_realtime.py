@@ -69,9 +69,9 @@ def test_vad_ignores_quiet_noise_and_a_click():
     assert StreamingVad().feed(noise) == []
 
 
-def test_vad_refuses_a_threshold_out_of_range():
+def test_turn_detection_refuses_a_threshold_out_of_range():
     with pytest.raises(OptionError, match="threshold"):
-        StreamingVad(threshold=1.5)
+        TurnDetection(threshold=1.5)
     with pytest.raises(OptionError, match="silence_duration_ms"):
         TurnDetection(silence_duration_ms=-1)
 

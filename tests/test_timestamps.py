@@ -75,12 +75,11 @@ def test_branch_config_follows_config_yaml_and_funasr_defaults(ctc_model):
 
 def test_log_probs_match_the_torch_reference(torch, ctc_dir, ctc_model, clip):
     wave = soundfile.read(clip, dtype="float32")[0][:3 * SR]
-    feats, mask = ctc_model.features([wave], "funasr")
-    enc = ctc_model.encode(feats, mask)  # [1, T, 32]
-    got = ctc.log_probs(enc, mask, ctc_model.ctc_weights, ctc_model.ctc.config)
+    enc = ctc_model.encode(ctc_model.features(wave, "funasr"))  # [T, 32]
+    got = ctc.log_probs(enc, ctc_model.ctc_weights, ctc_model.ctc.config)
     state = torch.load(ctc_dir / "model.pt")["state_dict"]
-    want = ctc_branch.log_probs(enc[0], state, layers=2, heads=4)
-    assert got.shape == want.shape == (enc.shape[1], ctc_model.ctc.config.vocab_size)
+    want = ctc_branch.log_probs(enc, state, layers=2, heads=4)
+    assert got.shape == want.shape == (enc.shape[0], ctc_model.ctc.config.vocab_size)
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 

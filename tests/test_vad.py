@@ -42,9 +42,9 @@ def test_bad_settings_are_refused():
     with pytest.raises(OptionError, match="vad must be one of"):
         Limits(vad="webrtc")
     with pytest.raises(OptionError, match="threshold"):
-        SileroVad(threshold=-0.1)
+        TurnDetection(threshold=-0.1)
     with pytest.raises(OptionError, match="silence_duration_ms"):
-        SileroVad(silence_ms=-1)
+        TurnDetection(silence_duration_ms=-1)
 
 
 @needs_espeak

@@ -76,9 +76,14 @@ def lfr(feats):  # [T, 80] -> [ceil(T/6), 560]
     return feats[rows].reshape(t_lfr, -1)
 
 
-def features(wave, reference: str = "funasr"):  # [N] in [-1, 1] at 16 kHz -> ([T_lfr, 560], T_lfr)
+def check_reference(reference: str) -> None:
+    """OptionError for a numerics profile that is not one of REFERENCES (DESIGN §2)."""
     if reference not in REFERENCES:
-        raise OptionError(f"reference must be one of {', '.join(REFERENCES)}; got {reference!r}")
+        raise OptionError(f"reference must be one of {', '.join(REFERENCES)}; got {reference!r}", "reference")
+
+
+def features(wave, reference: str = "funasr"):  # [N] in [-1, 1] at 16 kHz -> ([T_lfr, 560], T_lfr)
+    check_reference(reference)
     if wave.shape[0] < FRAME:
         raise AudioError(f"audio is shorter than one 25 ms frame ({wave.shape[0]} samples; at least {FRAME} "
                          f"at 16 kHz are needed)")

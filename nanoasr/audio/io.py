@@ -292,9 +292,21 @@ def _refuse_device(file, name):
         raise AudioError(f"{name}: is {what}, not audio; pipe or redirect an audio file into it")
 
 
-def _from_path(path, limit):  # -> [N] float32 at 16 kHz
+def path_problem(path) -> str | None:
+    """Why the file at `path` cannot be read, seen without opening it: there is none, or this process may not
+    read it; None otherwise. load_audio refuses such a path with it; the CLI says it of each input before it
+    loads a model."""
     if not os.path.exists(path):
-        raise AudioError(f"{path}: no such file")
+        return "no such file"
+    if not os.access(path, os.R_OK):
+        return "not readable (permission denied)"
+    return None
+
+
+def _from_path(path, limit):  # -> [N] float32 at 16 kHz
+    problem = path_problem(path)
+    if problem is not None:
+        raise AudioError(f"{path}: {problem}")
     if os.path.isdir(path):
         raise AudioError(f"{path}: is a directory, not an audio file")
     try:

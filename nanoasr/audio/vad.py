@@ -60,13 +60,6 @@ class Transition:
     found: int
 
 
-def _check(threshold: float, silence_ms: int | None) -> None:
-    if not 0.0 <= threshold <= 1.0:
-        raise OptionError(f"threshold must be between 0 and 1; got {threshold}", "threshold")
-    if silence_ms is not None and silence_ms < 0:
-        raise OptionError(f"silence_duration_ms must be 0 or more; got {silence_ms}", "silence_duration_ms")
-
-
 def streaming_vad(kind: str = DEFAULT_VAD, threshold: float = DEFAULT_THRESHOLD,
                   silence_ms: int | None = None, origin: int = 0):
     """The detector named `kind` ("silero" or "energy"), with the same settings either way."""
@@ -80,9 +73,9 @@ class SileroVad:
     memory is constant."""
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD, silence_ms: int | None = None, origin: int = 0):
-        """`origin`: the stream sample the first sample fed will be (transitions count from the stream's
-        start)."""
-        _check(threshold, silence_ms)
+        """`threshold` and `silence_ms` as nanoasr.realtime.TurnDetection checks them (threshold 0..1, silence
+        0..10000 ms); `origin`: the stream sample the first sample fed will be (transitions count from the
+        stream's start)."""
         self.threshold, self.silence_ms, self.origin = threshold, silence_ms, origin
         self.probabilities = silero.SileroStream()
         self.in_speech = False
@@ -137,9 +130,9 @@ class StreamingVad:
     """Speech start and end of a 16 kHz stream fed in chunks of any size; memory is bounded by HISTORY_S."""
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD, silence_ms: int | None = None, origin: int = 0):
-        """`origin`: the stream sample the first sample fed will be (transitions count from the stream's
-        start)."""
-        _check(threshold, silence_ms)
+        """`threshold` and `silence_ms` as nanoasr.realtime.TurnDetection checks them (threshold 0..1, silence
+        0..10000 ms); `origin`: the stream sample the first sample fed will be (transitions count from the
+        stream's start)."""
         self.offset_db = (threshold - DEFAULT_THRESHOLD) * DB_PER_THRESHOLD
         self.silence_ms, self.origin = silence_ms, origin
         self.tail = np.zeros(0, np.float32)  # samples not yet in a whole frame

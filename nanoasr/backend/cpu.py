@@ -51,12 +51,10 @@ def rms_norm(x, weight, eps):
     return xp.rms_norm_xp(x, weight, eps)
 
 
-def softmax_inplace(x, scale=1.0, keep=None):  # in place: only on x's own float32 C-contiguous memory
-    if keep is not None and keep.all():  # nothing dropped (an unpadded batch): the plain rows, no mask read
-        keep = None
+def softmax_inplace(x, scale=1.0):  # in place: only on x's own float32 C-contiguous memory
     if x.dtype == np.float32 and x.flags.c_contiguous:
-        return softmax.softmax_inplace(x, scale, keep, split=_split(x))
-    return xp.softmax_inplace_xp(x, scale, keep)
+        return softmax.softmax_inplace(x, scale, split=_split(x))
+    return xp.softmax_inplace_xp(x, scale)
 
 
 def swiglu(gate, up):  # gate is overwritten in place: only its own float32 C-contiguous memory

@@ -117,10 +117,8 @@ def rms_norm_xp(x, weight, eps):  # the array-module twin of the kernel (CuPy ru
     return x / xp.sqrt(ms + eps) * weight
 
 
-def softmax_inplace_xp(x, scale=1.0, keep=None):  # the kernel's array-module twin: no temporaries of x's size
+def softmax_inplace_xp(x, scale=1.0):  # the kernel's array-module twin: no temporaries of x's size
     xp = array_module(x)
-    if keep is not None:
-        mask_inplace_xp(x, keep[(slice(None),) + (None,) * (x.ndim - 2)])
     x -= x.max(axis=-1, keepdims=True)
     if scale != 1.0:
         x *= np.float32(scale)
@@ -175,8 +173,8 @@ def fsmn_xp(v, kernel):  # the array-module twin of the kernel
     xp = array_module(v)
     taps = kernel.shape[-1]
     pad = (taps - 1) // 2
-    padded = xp.pad(v, ((0, 0), (pad, taps - 1 - pad), (0, 0)))
+    padded = xp.pad(v, ((pad, taps - 1 - pad), (0, 0)))
     out = v.copy()
     for k in range(taps):  # one vectorised multiply-add per tap
-        out += padded[:, k:k + v.shape[1]] * kernel[:, 0, k]
+        out += padded[k:k + v.shape[0]] * kernel[:, 0, k]
     return out

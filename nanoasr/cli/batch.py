@@ -79,10 +79,7 @@ def main(argv: list[str]) -> int:
     formats = transcribe.parse_formats(args.output_format, parser)
     if transcribe.STDIN in args.audio:
         parser.error("'-' (stdin) is not an input of batch: give files or directories")
-    if (args.max_line_width or args.max_line_count) and not args.word_timestamps:
-        parser.error("--max-line-width and --max-line-count shape word-timed cues: give --word-timestamps")
-    if args.max_line_count and not args.max_line_width:
-        parser.error("--max-line-count needs --max-line-width (lines break at that width)")
+    transcribe.check_cue_options(args, parser)
     try:
         transcribe.check_language(args.model, args.language)
         options = transcribe.transcribe_options(args, parser)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanoasr.audio.fbank import REFERENCES
-from nanoasr.audio.io import DEFAULT_MAX_DURATION_S
+from nanoasr.audio.io import DEFAULT_MAX_DURATION_S, path_problem
 from nanoasr.audio.segment import DEFAULT_SEGMENT_VAD, SEGMENT_VADS
 from nanoasr.backend import ACTIVATIONS, DEVICES
 from nanoasr.cli import (COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, one_line,
@@ -351,10 +351,9 @@ def check_language(model, language: str | None) -> None:
     it: said before any model is loaded or downloaded."""
     if language is None:
         return
-    from nanoasr import hub
-    from nanoasr.model.prompt import VARIANT_LANGUAGES, language_code
+    from nanoasr import api, hub
 
-    language_code(language, VARIANT_LANGUAGES.get(hub.variant_of(model)))
+    api.check_language(language, hub.variant_of(model))
 
 
 def _missing(item: Item, failures: list[str]) -> bool:
@@ -362,18 +361,10 @@ def _missing(item: Item, failures: list[str]) -> bool:
     loads, so a run of such inputs alone neither loads nor downloads one."""
     if not isinstance(item.source, str):
         return False
-    problem = input_problem(item.source)
+    problem = path_problem(item.source)
     if problem is not None:
         failures.append(f"{item.label}: {problem}")
     return problem is not None
-
-
-def input_problem(path: str) -> str | None:
-    if not os.path.exists(path):
-        return "no such file"
-    if not os.access(path, os.R_OK):
-        return "not readable (permission denied)"
-    return None
 
 
 def output_dir_problem(out_dir: Path) -> str | None:
@@ -394,11 +385,16 @@ def check_usage(args, parser) -> tuple[str, ...]:
         parser.error("several output formats (or all) write files: give -o DIR")
     if args.skip_existing and args.output_dir is None:
         parser.error("--skip-existing needs -o DIR: it skips inputs whose files there exist")
+    check_cue_options(args, parser)
+    return formats
+
+
+def check_cue_options(args, parser) -> None:
+    """argparse's usage error for subtitle line options without what they shape (this command and `batch`)."""
     if (args.max_line_width or args.max_line_count) and not args.word_timestamps:
         parser.error("--max-line-width and --max-line-count shape word-timed cues: give --word-timestamps")
     if args.max_line_count and not args.max_line_width:
         parser.error("--max-line-count needs --max-line-width (lines break at that width)")
-    return formats
 
 
 def transcribe_options(args, parser) -> dict:

@@ -41,8 +41,12 @@ def _split_matmul(a, b, out, parts):  # a [B, h, m, K] @ b [B, h, K, n] -> out [
 
 
 def products(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
-    """float32 a [B, h, m, K] @ b[B, h, n, K].T -> [B, h, m, n], the heads shared among numba's threads; None
-    where that does not apply (other shapes or types, one head or thread, a product below SPLIT_MACS)."""
+    """float32 a [B, h, m, K] @ b[B, h, n, K].T -> [B, h, m, n], or [h, m, K] @ [h, n, K].T -> [h, m, n] (one
+    item's heads, as the encoder's), the heads shared among numba's threads; None where that does not apply
+    (other shapes or types, one head or thread, a product below SPLIT_MACS)."""
+    if a.ndim == b.ndim == 3:
+        out = products(a[None], b[None])
+        return None if out is None else out[0]
     parts = min(numba.get_num_threads(), a.shape[1]) if a.ndim == 4 else 1
     if (parts < 2 or a.dtype != np.float32 or b.dtype != np.float32 or b.ndim != 4
             or a.shape[:2] != b.shape[:2] or a.shape[3] != b.shape[3]

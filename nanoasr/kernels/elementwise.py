@@ -149,37 +149,36 @@ def swiglu(gate, up, split=False):  # float32 [..., d] each, gate a fresh C-cont
 
 
 @njit(cache=True)
-def _fsmn(v, taps, out, first, last):  # v, out [B, T, D]; taps [K, D]: for the frames first <= t < last,
+def _fsmn(v, taps, out, first, last):  # v, out [T, D]; taps [K, D]: for the frames first <= t < last,
     # out = v + sum_k v[t + k - pad] * taps[k]
-    batch, frames, depth = v.shape
+    frames, depth = v.shape
     width = taps.shape[0]
     pad = (width - 1) // 2
-    for b in range(batch):
-        for t in range(first, last):
-            acc = out[b, t]
-            acc[:] = v[b, t]
-            for k in range(width):  # taps in order, one multiply and one add each (as the numpy twin)
-                src = t + k - pad
-                if 0 <= src < frames:
-                    row, tap = v[b, src], taps[k]
-                    for d in range(depth):
-                        acc[d] += row[d] * tap[d]
+    for t in range(first, last):
+        acc = out[t]
+        acc[:] = v[t]
+        for k in range(width):  # taps in order, one multiply and one add each (as the numpy twin)
+            src = t + k - pad
+            if 0 <= src < frames:
+                row, tap = v[src], taps[k]
+                for d in range(depth):
+                    acc[d] += row[d] * tap[d]
 
 
 @njit(parallel=True, cache=True)
 def _fsmn_split(v, taps, out, blocks):  # _fsmn, `blocks` runs of frames
-    step = (v.shape[1] + blocks - 1) // blocks
+    step = (v.shape[0] + blocks - 1) // blocks
     for i in prange(blocks):
-        _fsmn(v, taps, out, min(i * step, v.shape[1]), min((i + 1) * step, v.shape[1]))
+        _fsmn(v, taps, out, min(i * step, v.shape[0]), min((i + 1) * step, v.shape[0]))
 
 
-def fsmn(v, kernel, split=False):  # v [B, T, D] float32 (padding zeroed), kernel [D, 1, K] -> [B, T, D]
+def fsmn(v, kernel, split=False):  # v [T, D] float32, kernel [D, 1, K] -> [T, D]
     out = np.empty_like(v)
     v, taps = np.ascontiguousarray(v), np.ascontiguousarray(kernel[:, 0, :].T)
     if split:  # a run of frames per numba thread
         _fsmn_split(v, taps, out, numba.get_num_threads())
     else:
-        _fsmn(v, taps, out, 0, v.shape[1])
+        _fsmn(v, taps, out, 0, v.shape[0])
     return out
 
 

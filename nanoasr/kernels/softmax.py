@@ -4,9 +4,8 @@ Its numpy twin is `nanoasr.backend.xp.softmax_inplace_xp` (max, subtract, exp, s
 the scores); here a row is read for its maximum and then stays in L1 for its two remaining passes. numba calls
 libm's scalar `expf`, which the loop vectoriser cannot widen, so `exp_nonpositive` is written out:
 x = n ln2 + r with |r| <= ln2/2, e^r from a degree-7 polynomial (Cephes' expf coefficients), and 2^n built
-from its exponent bits. The scale of attention scores and a per-item mask of dropped keys are applied in the
-same passes (no pass of their own). The decode-attention kernel uses `exp_nonpositive` too. Compiled on
-first use and cached on disk.
+from its exponent bits. The scale of attention scores is applied in the same passes (no pass of its own).
+The decode-attention kernel uses `exp_nonpositive` too. Compiled on first use and cached on disk.
 """
 from __future__ import annotations
 
@@ -100,25 +99,6 @@ def _softmax_rows(x, scale):  # x [n, m] float32, overwritten row by row
 
 
 @njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
-def _softmax_kept_rows(x, keep, per_item, scale):  # x [n, m]; row i keeps the columns keep[i // per_item]
-    m = x.shape[1]
-    for i in range(x.shape[0]):
-        row, kept = x[i], keep[i // per_item]
-        top = np.float32(-np.inf)
-        for j in range(m):
-            if kept[j] and (row[j] > top or row[j] != row[j]):  # a NaN stays the maximum: it reaches the row
-                top = row[j]
-        total = np.float32(0.0)
-        for j in range(m):
-            e = exp_nonpositive((row[j] - top) * scale) if kept[j] else np.float32(0.0)
-            row[j] = e
-            total += e
-        inverse = np.float32(1.0) / total
-        for j in range(m):
-            row[j] *= inverse
-
-
-@njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy")
 def _log_normalizers(x, tops, out):  # x [n, m], tops [n] the row maxima -> out[i] = log sum_j e^(x[i, j]-top)
     for i in range(x.shape[0]):
         row, top = x[i], tops[i]
@@ -149,21 +129,15 @@ def _softmax_split(x, scale, blocks):  # _softmax_rows, `blocks` blocks of rows
         _softmax_rows(x[i * step:(i + 1) * step], scale)
 
 
-def softmax_inplace(x: np.ndarray, scale=1.0, keep=None, split=False) -> np.ndarray:
-    """float32 [B, ..., m], C-contiguous -> x overwritten with softmax(scale * x) over its last axis; keep
-    [B, m] bool, when given, drops the columns it marks False from every row of item b (probability 0), in
-    the same pass. `split`: rows without a mask go to numba's threads a block each (see elementwise.py)."""
+def softmax_inplace(x: np.ndarray, scale=1.0, split=False) -> np.ndarray:
+    """float32 [..., m], C-contiguous -> x overwritten with softmax(scale * x) over its last axis. `split`:
+    the rows go to numba's threads a block each (see elementwise.py)."""
     if x.dtype != np.float32 or not x.flags.c_contiguous:
         raise ValueError(f"softmax_inplace takes C-contiguous float32; got {x.dtype}, "
                          f"contiguous={x.flags.c_contiguous}")
     rows, scale = x.reshape(-1, x.shape[-1]), np.float32(scale)
-    if keep is None:
-        if split:  # a block of rows per numba thread
-            _softmax_split(rows, scale, numba.get_num_threads())
-        else:
-            _softmax_rows(rows, scale)
-        return x
-    if keep.shape != (x.shape[0], x.shape[-1]):
-        raise ValueError(f"softmax_inplace takes keep [B, m] = {(x.shape[0], x.shape[-1])}; got {keep.shape}")
-    _softmax_kept_rows(rows, np.ascontiguousarray(keep, dtype=np.bool_), len(rows) // x.shape[0], scale)
+    if split:  # a block of rows per numba thread
+        _softmax_split(rows, scale, numba.get_num_threads())
+    else:
+        _softmax_rows(rows, scale)
     return x

@@ -29,13 +29,13 @@ class CtcConfig:
     blank_id: int = 60514  # ctc_conf.blank_id, by default the last id
 
 
-def log_probs(enc, mask, w, cfg: CtcConfig):  # enc [1, T, input], mask [1, T] -> [T, vocab] log-probabilities
+def log_probs(enc, w, cfg: CtcConfig):  # enc [T, input] -> [T, vocab] log-probabilities
     xp = array_module(enc)
     x = linear(linear(enc, w[P + "linear_1.weight"], w[P + "linear_1.bias"], relu=True),
-               w[P + "linear_2.weight"], w[P + "linear_2.bias"])  # [1, T, hidden]
+               w[P + "linear_2.weight"], w[P + "linear_2.bias"])  # [T, hidden]
     for i in range(cfg.num_hidden_layers):
-        x = transformer_block(x, w, f"{P}layers.{i}.", cfg.num_attention_heads, mask, LAYER_NORM_EPS)
-    logits = linear(x[0], w["ctc.ctc_lo.weight"], w["ctc.ctc_lo.bias"])  # [T, vocab]
+        x = transformer_block(x, w, f"{P}layers.{i}.", cfg.num_attention_heads, LAYER_NORM_EPS)
+    logits = linear(x, w["ctc.ctc_lo.weight"], w["ctc.ctc_lo.bias"])  # [T, vocab]
     top = logits.max(axis=-1, keepdims=True)
     return logits - (top + xp.log(xp.exp(logits - top).sum(axis=-1, keepdims=True)))
 

@@ -1,7 +1,6 @@
-"""SAN-M audio encoder: [B, T, 560] LFR features -> [B, T, 512] (70 pre-LN blocks; DESIGN §1).
+"""SAN-M audio encoder: [T, 560] LFR features -> [T, 512] (70 pre-LN blocks; DESIGN §1).
 
-Batched over padded inputs: `mask` marks valid frames, and the valid rows equal single-item inference
-(padded keys are masked out of attention and padded values are zeroed before the FSMN convolution).
+Each segment is encoded alone, so every frame is valid: nothing is padded, nothing masked.
 """
 from __future__ import annotations
 
@@ -19,11 +18,10 @@ def sinusoid_positions(n: int, depth: int, xp=np):  # -> [n, depth], positions 1
     return xp.asarray(np.concatenate([np.sin(angles), np.cos(angles)], axis=1))
 
 
-def encoder_block(x, w, i, cfg: AudioConfig, mask):  # [B, T, d_in] -> [B, T, D]
+def encoder_block(x, w, i, cfg: AudioConfig):  # [T, d_in] -> [T, D]
     p = f"model.audio_tower.layers.{i}."
     h = layer_norm(x, w[p + "input_layernorm.weight"], w[p + "input_layernorm.bias"], cfg.layer_norm_eps)
-    attn, v = self_attention(h, w, p + "self_attn.", cfg.num_attention_heads, mask)
-    v = v * mask[..., None]
+    attn, v = self_attention(h, w, p + "self_attn.", cfg.num_attention_heads)
     a = linear(attn, w[p + "self_attn.o_proj.weight"], w[p + "self_attn.o_proj.bias"])
     a += fsmn(v, w[p + "self_attn.fsmn.conv.weight"])
     x = x + a if x.shape[-1] == a.shape[-1] else a  # block 0 maps 560 -> 512 and has no residual
@@ -37,12 +35,12 @@ def encoder_block(x, w, i, cfg: AudioConfig, mask):  # [B, T, d_in] -> [B, T, D]
     return x
 
 
-def encode(feats, mask, w, cfg: AudioConfig, taps=None):  # [B, T, 560], mask [B, T] -> [B, T, 512]
+def encode(feats, w, cfg: AudioConfig, taps=None):  # [T, 560] -> [T, 512]
     """`taps`, when a dict, receives the hidden state after each block (stage tests)."""
     xp = array_module(feats)
-    x = feats * np.float32(cfg.hidden_size ** 0.5) + sinusoid_positions(feats.shape[1], cfg.input_size, xp)
+    x = feats * np.float32(cfg.hidden_size ** 0.5) + sinusoid_positions(feats.shape[0], cfg.input_size, xp)
     for i in range(cfg.num_hidden_layers):
-        x = encoder_block(x, w, i, cfg, mask)
+        x = encoder_block(x, w, i, cfg)
         if taps is not None:
             taps[i] = x
     return x

@@ -41,7 +41,7 @@ def stages(model: Model, steps: int):
     on a session prefilled beforehand (each call takes a fresh one, prefilled before it is timed)."""
     cfg = model.config.text
     rng = np.random.default_rng(0)
-    feats, mask = model.features([speech_like(30, seed=3)], "funasr")
+    feats = model.features(speech_like(30, seed=3), "funasr")
     prompts = [rng.standard_normal((PROMPT, cfg.hidden_size)).astype(np.float32) for _ in range(ROWS)]
     sessions = []
 
@@ -54,7 +54,7 @@ def stages(model: Model, steps: int):
 
     def encode(threads: int):
         with model.thread_scope(threads):
-            model.adapt(model.encode(feats, mask), mask, "funasr")
+            model.adapt(model.encode(feats), "funasr")
 
     def decode(threads: int):
         session = sessions.pop()

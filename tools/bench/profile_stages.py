@@ -81,8 +81,8 @@ def main() -> int:
     timings = model.transcribe(wave, sample_rate=16000, max_new_tokens=args.steps, ignore_stop=True).timings
     print("transcribe 30 s, ms per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     with model.thread_scope():
-        feats, mask = model.features([wave], "funasr")
-        profiled("encoder + adaptor, 30 s", lambda: model.adapt(model.encode(feats, mask), mask, "funasr"),
+        feats = model.features(wave, "funasr")
+        profiled("encoder + adaptor, 30 s", lambda: model.adapt(model.encode(feats), "funasr"),
                  args.top)
         prompt = np.random.default_rng(0).standard_normal((196, model.config.text.hidden_size))
         profile_decoder(model, prompt.astype(np.float32), args.steps, args.top)

@@ -14,12 +14,12 @@ LOGIT_TOL = dict(atol=3e-3, rtol=3e-3)
 
 def stage_outputs(model, wave, reference, prompt_options):
     """Features, encoder, adaptor rows, prompt embeddings and ids for one waveform."""
-    feats, mask = model.features([wave], reference)
-    enc = model.encode(feats, mask)
-    adapted = model.adapt(enc, mask, reference)
-    n = prompt.n_audio_tokens(feats.shape[1], reference)
-    embeds, ids = model.prompt_embeds(adapted[0, :n], Options(reference=reference, **prompt_options))
-    return dict(features=feats[0], encoder=enc[0], adaptor=adapted[0], embeds=embeds, prompt_ids=ids)
+    feats = model.features(wave, reference)
+    enc = model.encode(feats)
+    adapted = model.adapt(enc, reference)
+    n = prompt.n_audio_tokens(feats.shape[0], reference)
+    embeds, ids = model.prompt_embeds(adapted[:n], Options(reference=reference, **prompt_options))
+    return dict(features=feats, encoder=enc, adaptor=adapted, embeds=embeds, prompt_ids=ids)
 
 
 def teacher_forced_logits(model, embeds, forced_ids, steps, bf16_rope=False):
