@@ -236,6 +236,28 @@ def test_defaults_reach_the_model(tmp_path, fake, capsys):
     assert capsys.readouterr().out == "hi\nhi\n"
 
 
+def test_a_process_that_compiles_the_kernels_says_so_once_unless_quiet(tmp_path, fake, monkeypatch, capsys):
+    """The kernels' notice (logged when the first of them compiles, kernels/jit.py) is one stderr line however
+    many compile; -q leaves it out; the kernels' logger is put back as it was."""
+    from nanoasr.kernels import jit
+
+    transcribe = fake.transcribe
+
+    def compiling(audio, **kwargs):  # two kernels compile in each call
+        jit.compiling()
+        jit.compiling()
+        return transcribe(audio, **kwargs)
+    monkeypatch.setattr(fake, "transcribe", compiling)
+    soundfile.write(tmp_path / "a.wav", speech_like(1.0), SR)
+    before = (list(jit.log.handlers), jit.log.level)
+    notice = f"nanoasr: {jit.COMPILING % (jit.COMPILE_S, jit.cache_place().root)}"
+    for quiet, shown in ((False, [notice]), (True, [])):
+        monkeypatch.setattr(jit, "_compiled", False)
+        assert cli.main([str(tmp_path / "a.wav")] * 2 + ["-q"] * quiet) == 0
+        assert capsys.readouterr().err.splitlines() == shown
+        assert (list(jit.log.handlers), jit.log.level) == before
+
+
 def test_library_warnings_are_shown_once_through_the_command(caplog):
     from nanoasr.cli import library_warnings
 
