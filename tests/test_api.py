@@ -278,3 +278,21 @@ def test_an_option_error_names_its_field(options, field):
     with pytest.raises(OptionError) as refused:
         Options(**options)
     assert refused.value.field == field and field.rstrip("s") in str(refused.value)
+
+
+def test_warm_up_runs_one_short_transcription_that_decodes_its_tokens(tiny_model, monkeypatch, caplog):
+    """One call through the whole pipeline: one segment, the prefill and WARM_UP_TOKENS decoded tokens, and no
+    warning for the budget it asked to reach."""
+    from nanoasr import api
+    from nanoasr.model import generate
+
+    calls, real = [], generate.generate
+
+    def counted(prompts, budgets, *rest, **options):
+        done = real(prompts, budgets, *rest, **options)
+        calls.append((budgets, [len(g.ids) for g in done]))
+        return done
+    monkeypatch.setattr(generate, "generate", counted)
+    with caplog.at_level(logging.WARNING, logger="nanoasr"):
+        assert tiny_model.warm_up() > 0
+    assert calls == [([api.WARM_UP_TOKENS], [api.WARM_UP_TOKENS])] and caplog.records == []

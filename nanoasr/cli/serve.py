@@ -10,7 +10,7 @@ import os
 import sys
 
 from nanoasr.backend import ACTIVATIONS, DEVICES
-from nanoasr.cli import EXIT_FAILED, EXIT_OK, error, library_warnings, positive, transcribe
+from nanoasr.cli import EXIT_FAILED, EXIT_OK, compile_notice, error, library_warnings, positive, transcribe
 from nanoasr.errors import NanoasrError
 
 PROG = "nanoasr serve"
@@ -84,7 +84,8 @@ def main(argv: list[str]) -> int:
         error(PROG, f"the server needs the 'server' extra ({exc.name} is missing): "
                     'pip install ".[server]" in the nanoasr checkout')
         return EXIT_FAILED
-    with library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)):
+    with (library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)),
+          compile_notice(lambda message: print(f"{PROG}: {message}", file=sys.stderr, flush=True))):
         app = _app(args)
         if app is None:
             return EXIT_FAILED
@@ -113,4 +114,4 @@ def _app(args):
     return create_app(model, api_key=args.api_key, max_upload_mb=args.max_upload_mb, max_queue=args.max_queue,
                       max_uploads=args.max_uploads, max_duration_s=args.max_duration,
                       read_timeout_s=args.read_timeout, upload_timeout_s=args.upload_timeout,
-                      min_upload_kib_s=args.min_upload_rate, upload_dir=args.upload_dir)
+                      min_upload_kib_s=args.min_upload_rate, upload_dir=args.upload_dir, warm_up=True)
