@@ -38,9 +38,10 @@ BATCH_SIZE = 8  # segments decoded together, by default (Model's batch_size)
 # limit makes a row about 1 GB on the full-size model, so long prompts decode fewer segments at once.
 MAX_CACHE_BYTES = 2 << 30
 MAX_CONTEXT_CHARS = prompt.MAX_CONTEXT_CHARS  # the context option's limit, for the edges that state it
-# Model.warm_up: a second of noise, a few tokens decoded. Every kernel a transcription runs is typed by the
-# stored types and the activations alone, never by lengths, so this compiles (or loads) them all.
-WARM_UP_S = 1.0
+# Model.warm_up: seconds of noise, a few tokens decoded. A kernel is typed by the stored types and the
+# activations, not by lengths, but the element-wise ones split their rows over threads from SPLIT_VALUES
+# values on (backend/cpu.py): 8 s makes the full-size model's encoder, adaptor and prefill rows pass it.
+WARM_UP_S = 8.0
 WARM_UP_TOKENS = 4
 log = logging.getLogger(__name__)
 
@@ -270,10 +271,10 @@ class Model:
         return self._transcribe(audio, sample_rate, options, on_segment, max_duration_s, on_partial)
 
     def warm_up(self) -> float:
-        """Transcribe WARM_UP_S seconds of seeded noise, decoding WARM_UP_TOKENS tokens (with the CTC branch's
-        word timestamps where the model has it), so that numba compiles this model's kernels, or loads them
-        from its disk cache, before a first real call; returns the seconds it took. A server runs it before
-        it accepts requests."""
+        """Transcribe WARM_UP_S seconds of seeded noise (one segment), decoding WARM_UP_TOKENS tokens (with
+        the CTC branch's word timestamps where the model has it), so that numba compiles this model's kernels,
+        or loads them from its disk cache, before a first real call; returns the seconds it took. A server
+        runs it before it accepts requests."""
         start = time.perf_counter()
         noise = np.random.default_rng(0).standard_normal(int(WARM_UP_S * SAMPLE_RATE)).astype(np.float32)
         options = Options(max_new_tokens=WARM_UP_TOKENS, ignore_stop=True,
