@@ -116,6 +116,17 @@ def cached_dispatchers(module) -> list:
     return found
 
 
+def test_every_cached_kernels_closure_pickles_the_same_in_every_process():
+    """numba keys a cached function by its closure's pickled contents: plain values pickle alike in every
+    process, a dispatcher (or another object) need not, and would compile the function again in each."""
+    plain = (str, int, float, bool, type(None), tuple)
+    closures = {f"{d.py_func.__module__}.{d.py_func.__qualname__}": [type(c.cell_contents).__name__
+                                                                     for c in d.py_func.__closure__ or ()]
+                for name in KERNEL_MODULES for d in cached_dispatchers(importlib.import_module(
+                    f"nanoasr.kernels.{name}"))}
+    assert {k: v for k, v in closures.items() if set(v) - {t.__name__ for t in plain}} == {}
+
+
 def test_every_cached_kernel_is_keyed_on_the_sources():
     dispatchers = [d for name in KERNEL_MODULES
                    for d in cached_dispatchers(importlib.import_module(f"nanoasr.kernels.{name}"))]
