@@ -39,6 +39,11 @@ BATCH_SIZE = 8  # segments decoded together, by default (Model's batch_size)
 # limit makes a row about 1 GB on the full-size model, so long prompts decode fewer segments at once.
 MAX_CACHE_BYTES = 2 << 30
 MAX_CONTEXT_CHARS = prompt.MAX_CONTEXT_CHARS  # the context option's limit, for the edges that state it
+# Model.warm_up: seconds of noise, a few tokens decoded. A kernel is typed by the stored types and the
+# activations, not by lengths, but the element-wise ones split their rows over threads from SPLIT_VALUES
+# values on (backend/cpu.py): 8 s makes the full-size model's encoder, adaptor and prefill rows pass it.
+WARM_UP_S = 8.0
+WARM_UP_TOKENS = 4
 log = logging.getLogger(__name__)
 
 
@@ -291,6 +296,18 @@ class Model:
                               "draft")
         return [int(t) for t in ids]
 
+    def warm_up(self) -> float:
+        """Transcribe WARM_UP_S seconds of seeded noise (one segment), decoding WARM_UP_TOKENS tokens (with
+        the CTC branch's word timestamps where the model has it), so that numba compiles this model's kernels,
+        or loads them from its disk cache, before a first real call; returns the seconds it took. A server
+        runs it before it accepts requests."""
+        start = time.perf_counter()
+        noise = np.random.default_rng(0).standard_normal(int(WARM_UP_S * SAMPLE_RATE)).astype(np.float32)
+        options = Options(max_new_tokens=WARM_UP_TOKENS, ignore_stop=True,
+                          word_timestamps=self.ctc is not None)
+        self._transcribe(0.1 * noise, SAMPLE_RATE, options)
+        return time.perf_counter() - start
+
     def transcribe_batch(self, inputs, **kwargs) -> list[Transcript]:
         """Transcribe several inputs with the same options, in order.
 
@@ -339,7 +356,7 @@ class Model:
         timer.ms["total"] = (time.perf_counter() - start) * 1e3
         segments = in_order.segments
         cut = [s.finish_reason for s in segments if s.truncated]
-        if cut:
+        if cut and not options.ignore_stop:  # ignore_stop asks for exactly the budget: reaching it is no news
             log.warning("%d of %d segments stopped early (%d at the token budget, %d by the repetition "
                         "guard), so their text may be incomplete; finish_reason marks them%s", len(cut),
                         len(segments), cut.count("length"), cut.count("repetition"),

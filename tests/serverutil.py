@@ -41,10 +41,12 @@ def running(app, **connection_limits):
 
 
 @contextmanager
-def serving(args, log_path, timeout=120):
+def serving(args, log_path, timeout=600):
     """`python -m nanoasr serve ARGS --port 0` in a subprocess; yields (process, base URL).
 
-    uvicorn prints the port it bound; the log goes to a file so a chatty server never blocks on a pipe.
+    uvicorn prints the port it bound once the server has warmed its model up, which compiles the kernels
+    where their disk cache is cold (minutes on a busy two-core machine): hence the long `timeout`. The log
+    goes to a file so a chatty server never blocks on a pipe.
     On exit the server gets SIGTERM (a clean shutdown) and is waited for.
     """
     root = pathlib.Path(__file__).resolve().parents[1]

@@ -278,3 +278,34 @@ def test_an_option_error_names_its_field(options, field):
     with pytest.raises(OptionError) as refused:
         Options(**options)
     assert refused.value.field == field and field.rstrip("s") in str(refused.value)
+
+
+def test_warm_up_runs_one_short_transcription_that_decodes_its_tokens(tiny_model, monkeypatch, caplog):
+    """One call through the whole pipeline: one segment, the prefill and WARM_UP_TOKENS decoded tokens, and no
+    warning for the budget it asked to reach."""
+    from nanoasr import api
+    from nanoasr.model import generate
+
+    calls, real = [], generate.generate
+
+    def counted(prompts, budgets, *rest, **options):
+        done = real(prompts, budgets, *rest, **options)
+        calls.append((budgets, [len(g.ids) for g in done]))
+        return done
+    monkeypatch.setattr(generate, "generate", counted)
+    with caplog.at_level(logging.WARNING, logger="nanoasr"):
+        assert tiny_model.warm_up() > 0
+    assert calls == [([api.WARM_UP_TOKENS], [api.WARM_UP_TOKENS])] and caplog.records == []
+    compiled = compiled_signatures()  # a long input, its segments decoded together, compiles nothing new
+    tiny_model.transcribe(speech_like(40.0, seed=5, silence_every_s=10), sample_rate=SR, **FAST)
+    assert len(calls) == 2 and len(calls[1][0]) >= 2 and compiled_signatures() == compiled
+
+
+def compiled_signatures() -> dict:
+    """Each numba function of nanoasr in this process and the signatures it has compiled."""
+    import gc
+
+    from numba.core.dispatcher import Dispatcher
+
+    return {d: list(d.signatures) for d in gc.get_objects()
+            if isinstance(d, Dispatcher) and d.py_func.__module__.startswith("nanoasr.")}

@@ -40,6 +40,12 @@ def lines(data: bytes) -> list[str]:
     return [line for line in data.decode("utf-8").splitlines() if line.strip()]
 
 
+def messages(stderr: bytes) -> list[str]:
+    """stderr's lines less the line a process that compiles the kernels adds (where their disk cache is cold;
+    test_a_process_that_compiles_the_kernels_says_so_once_unless_quiet checks it)."""
+    return [line for line in lines(stderr) if not line.startswith("nanoasr: compiling kernels")]
+
+
 @pytest.fixture(scope="module")
 def audio(tmp_path_factory) -> Path:
     """audio/{one.wav, two.flac, notes.txt, .hidden.wav, sub/three.wav}, bad/{broken,empty}.wav, empty/."""
@@ -238,6 +244,28 @@ def test_defaults_reach_the_model(tmp_path, fake, capsys):
     assert capsys.readouterr().out == "hi\nhi\n"
 
 
+def test_a_process_that_compiles_the_kernels_says_so_once_unless_quiet(tmp_path, fake, monkeypatch, capsys):
+    """The kernels' notice (logged when the first of them compiles, kernels/jit.py) is one stderr line however
+    many compile; -q leaves it out; the kernels' logger is put back as it was."""
+    from nanoasr.kernels import jit
+
+    transcribe = fake.transcribe
+
+    def compiling(audio, **kwargs):  # two kernels compile in each call
+        jit.compiling()
+        jit.compiling()
+        return transcribe(audio, **kwargs)
+    monkeypatch.setattr(fake, "transcribe", compiling)
+    soundfile.write(tmp_path / "a.wav", speech_like(1.0), SR)
+    before = (list(jit.log.handlers), jit.log.level)
+    notice = f"nanoasr: {jit.COMPILING % (jit.COMPILE_S, jit.cache_place().root)}"
+    for quiet, shown in ((False, [notice]), (True, [])):
+        monkeypatch.setattr(jit, "_compiled", False)
+        assert cli.main([str(tmp_path / "a.wav")] * 2 + ["-q"] * quiet) == 0
+        assert capsys.readouterr().err.splitlines() == shown
+        assert (list(jit.log.handlers), jit.log.level) == before
+
+
 def test_library_warnings_are_shown_once_through_the_command(caplog):
     from nanoasr.cli import library_warnings
 
@@ -321,9 +349,9 @@ def test_all_formats_mixed_good_and_bad_inputs(audio, tiny_dir, tmp_path):
                "--hotword", "Carol", "--hotwords-file", hotwords, "--context", "a test",
                "--reference", "transformers", "--max-new-tokens", "3", "--threads", "1", "--device", "cpu")
     assert done.returncode == 1
-    errors = [line for line in lines(done.stderr) if line.startswith("nanoasr: error: ")]
-    warnings = [line for line in lines(done.stderr) if line.startswith("nanoasr: warning: ")]
-    assert len(errors) == len(bad) and len(lines(done.stderr)) == len(bad) + len(warnings)
+    errors = [line for line in messages(done.stderr) if line.startswith("nanoasr: error: ")]
+    warnings = [line for line in messages(done.stderr) if line.startswith("nanoasr: warning: ")]
+    assert len(errors) == len(bad) and len(messages(done.stderr)) == len(bad) + len(warnings)
     for path in bad:
         assert sum(str(path) in line for line in errors) == 1, (path, errors)
     assert len(lines(done.stdout)) == 2  # the two good inputs' text, one line each, nothing else
@@ -361,7 +389,7 @@ def test_stdin_directories_recursive_and_json_lines(audio, tiny_dir, tmp_path):
                                            str(audio / "audio" / "two.flac")]  # sorted, no subdir, no .hidden
     check_json(docs[0], 4.0)
     assert docs[0]["segments"] == docs[2]["segments"] and docs[0]["text"] == docs[2]["text"]  # deterministic
-    assert all(line.startswith("nanoasr: warning: ") for line in lines(done.stderr))  # no progress when piped
+    assert all(line.startswith("nanoasr: warning: ") for line in messages(done.stderr))  # no progress, piped
 
     out = tmp_path / "out"
     done = run("-", audio / "audio", "--recursive", "--model", tiny_dir, "-f", "json,srt", "-o", out,

@@ -152,7 +152,8 @@ def test_usage_errors_exit_2(capsys, argv):
 def test_doctor_text_sections(hf_env, fake_hub, capsys):
     code, out, _ = run(capsys, "doctor", "--model", "q8")
     assert code == 0
-    sections = ("versions", "system", "backends", "blas", "numba", "cpu", "kernels", "environment", "model")
+    sections = ("versions", "system", "backends", "blas", "numba", "cpu", "kernels", "kernel_cache",
+                "environment", "model")
     assert [line[1:-1] for line in out.splitlines() if line.startswith("[")] == list(sections)
     assert f"python:          {sys.version.split()[0]}" in out and "huggingface_hub:" in out
     assert "cuda_status:" in out and "threading_layer:" in out and "features:" in out
@@ -176,6 +177,26 @@ def test_doctor_json_reports_a_cached_model(hf_env, fake_hub, capsys):
     import llvmlite.binding as llvm
     zen = llvm.get_host_cpu_name().startswith("znver")
     assert data["kernels"]["weight_prefetch"] == ("into L2, 8 rows ahead" if zen else "into L1, 4 rows ahead")
+
+
+def test_doctor_counts_the_kernel_cache_entries_where_they_are_kept(tmp_path, monkeypatch):
+    """The cache's place as kernels/jit.py chose it, and the compiled entries (.nbc, beside their .nbi
+    indexes) of the kernel source folders' cache folders there, nothing else."""
+    from nanoasr.kernels import jit
+
+    place = jit.CachePlace("NUMBA_CACHE_DIR", tmp_path)
+    monkeypatch.setattr(jit, "cache_place", lambda: place)
+    kernels, int8 = place.directory(jit.KERNELS), place.directory(jit.KERNELS / "int8")
+    for folder, names in ((kernels, ["a.nbi", "a.1.nbc", "a.2.nbc"]), (int8, ["b.nbi", "b.1.nbc", "b.py"]),
+                          (tmp_path / "other_library", ["c.nbi", "c.1.nbc"])):
+        folder.mkdir(parents=True)
+        for name in names:
+            (folder / name).write_bytes(b"x" * 100_000)
+    found = doctor.kernel_cache()
+    assert {k: found[k] for k in ("directory", "where", "compiled")} == {
+        "directory": str(tmp_path), "where": "NUMBA_CACHE_DIR", "compiled": 3}
+    assert found["size_mb"] == round(5 * 100_000 / 2**20, 1) == 0.5
+    assert found["sources_writable"] in ("yes", "no")
 
 
 def test_doctor_never_shows_the_token(monkeypatch):

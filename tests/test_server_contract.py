@@ -445,3 +445,36 @@ def test_upload_dirs_we_cannot_open_are_left_alone(tmp_path, monkeypatch):
         assert post(base).status_code == 200
     assert [p.name for p in tmp_path.iterdir()] == [locked.name]
     assert [p.name for p in locked.iterdir()] == ["nanoasr-upload-d.wav"]
+
+
+class WarmingModel(StandInModel):
+    """A stand-in that notes each warm-up (how many requests it had transcribed by then) and the thread of
+    each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.warm_ups, self.threads = [], []
+
+    def warm_up(self):
+        self.warm_ups.append(self.calls)
+        self.threads.append(threading.current_thread())
+        return 0.0
+
+    def transcribe(self, audio, **kwargs):
+        self.threads.append(threading.current_thread())
+        return super().transcribe(audio, **kwargs)
+
+
+def test_the_app_warms_the_model_up_once_before_it_accepts_a_connection():
+    model = WarmingModel()
+    app = create_app(model, warm_up=True)
+    assert model.warm_ups == []  # made, not started
+    with running(app) as base:
+        assert model.warm_ups == [0]  # when the server listens, the warm-up has run, once
+        assert post(base).json() == {"text": "hello there general"}
+    assert model.warm_ups == [0] and model.calls == 1
+    warm, request = model.threads
+    assert warm is request  # the worker thread the requests run on
+    with running(create_app(model)) as base:  # warm_up is the caller's choice: off unless asked
+        post(base)
+    assert model.warm_ups == [0] and model.calls == 2

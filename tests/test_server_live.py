@@ -329,6 +329,7 @@ def test_serve_command_end_to_end(tiny_dir, tmp_path, direct):
     assert process.returncode in (0, -signal.SIGTERM)
     log = (tmp_path / "server.log").read_text()
     assert "Finished server process" in log and "Traceback" not in log
+    assert log.index("warming up") < log.index("warmed up in") < log.index("running on")  # warm when ready
     assert [p.name for p in tmp_path.iterdir()] == ["server.log"]
 
 

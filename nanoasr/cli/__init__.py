@@ -11,7 +11,8 @@
 Each command is a thin layer over the library: it parses its arguments, calls nanoasr and prints. Results
 go to stdout; progress, warnings and errors to stderr, one line each (`nanoasr[ COMMAND]: error: ...`).
 The library's warnings (its loggers and `warnings.warn`) are shown once each while a command runs, as
-`nanoasr: warning: ...` lines.
+`nanoasr: warning: ...` lines; the line the kernels log when a process compiles them (a first run) is shown by
+the commands that transcribe, unless -q.
 
 Exit status, the same for every command:
     0    done (--help and --version too; `doctor` always)
@@ -39,6 +40,7 @@ from pathlib import Path
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
 COMMANDS = ("models", "doctor", "convert", "serve", "batch", "stream")  # any other first word: an input
 LIBRARY = Path(__file__).resolve().parents[1]  # nanoasr/: where the warnings shown as the library's come from
+KERNEL_LOGGER = "nanoasr.kernels.jit"  # says, at INFO, that this process compiles the kernels (not imported)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,12 +103,29 @@ def positive(kind):
 
 
 class _LineHandler(logging.Handler):
-    def __init__(self, show):
-        super().__init__(logging.WARNING)
+    def __init__(self, show, level=logging.WARNING):
+        super().__init__(level)
         self.show = show
 
     def emit(self, record: logging.LogRecord) -> None:
         self.show(record.getMessage())
+
+
+@contextmanager
+def compile_notice(show):
+    """Inside the block, the kernels' INFO line that this process is compiling them (nanoasr/kernels/jit.py,
+    once a process) is passed to `show(message)`; the logger is put back as it was afterwards. Its warnings
+    still go where library_warnings sends them."""
+    logger = logging.getLogger(KERNEL_LOGGER)
+    handler, level = _LineHandler(show, logging.INFO), logger.level
+    handler.addFilter(lambda record: record.levelno == logging.INFO)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """nanoasr doctor: what this machine offers nanoasr, for bug reports and "why is it slow" questions.
 
-Versions, backends (CPU, CUDA/CuPy), BLAS and numba threads, CPU features, and the model that
-`--model` resolves to from local files (the doctor never downloads). Exits 0 (2 for a usage error).
+Versions, backends (CPU, CUDA/CuPy), BLAS and numba threads, CPU features, the compiled kernels' cache, and
+the model that `--model` resolves to from local files (the doctor never downloads). Exits 0 (2 for a usage
+error).
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avx512
 PROC_FLAGS = {"avx512bf16": "avx512_bf16", "avx512vnni": "avx512_vnni", "amx-tile": "amx_tile"}
 ENVIRONMENT = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS",
                "OPENBLAS_THREAD_TIMEOUT", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER",
-               "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT",
-               "HF_HUB_OFFLINE")
+               "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME",
+               "HF_HUB_CACHE", "HF_ENDPOINT", "HF_HUB_OFFLINE")
 STORED_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_k", "q6_k")
 SECRETS = ("HF_TOKEN",)  # reported as set or not, never shown
 
@@ -120,6 +121,26 @@ def kernels() -> dict:
             "auto_activations": auto}
 
 
+def kernel_cache() -> dict:
+    """Where the compiled kernels are kept (nanoasr/kernels/jit.py: NUMBA_CACHE_DIR, else beside the kernel
+    sources, else the user's cache), whether the default place beside the sources is writable, and what the
+    cache holds: its compiled entries (one a kernel, stored type and activations; those of earlier kernel
+    sources too) and their size."""
+    from nanoasr.kernels import jit
+
+    place = jit.cache_place()
+    default = "yes" if all(jit.writable(d) for d in jit.CachePlace("beside the sources", jit.KERNELS)
+                           .directories()) else "no"
+    if place is None:
+        return {"directory": None, "where": "none writable: the kernels compile in every process",
+                "sources_writable": default}
+    files = [f for d in place.directories() if d.is_dir() for f in d.iterdir()
+             if f.suffix in (".nbi", ".nbc")]
+    return {"directory": str(place.root), "where": place.where, "sources_writable": default,
+            "compiled": sum(f.suffix == ".nbc" for f in files),
+            "size_mb": round(sum(f.stat().st_size for f in files) / 2**20, 1)}
+
+
 def _proc_flags() -> dict:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
@@ -173,7 +194,8 @@ def _gguf_license_and_quant(path, license, quant) -> tuple:
 def report(model_value: str | None) -> dict:
     found = model(model_value)
     return {"versions": versions(), "system": system(), "backends": backends(), "blas": blas(),
-            "numba": numba_info(), "cpu": cpu(), "kernels": kernels(), "environment": environment(),
+            "numba": numba_info(), "cpu": cpu(), "kernels": kernels(), "kernel_cache": kernel_cache(),
+            "environment": environment(),
             "model": found, **({"plan": plan(model_value)} if found["resolved"] else {})}
 
 

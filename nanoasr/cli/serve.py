@@ -11,7 +11,7 @@ import sys
 
 from nanoasr.audio.vad import DEFAULT_VAD, VADS
 from nanoasr.backend import ACTIVATIONS, DEVICES
-from nanoasr.cli import EXIT_FAILED, EXIT_OK, error, library_warnings, positive, transcribe
+from nanoasr.cli import EXIT_FAILED, EXIT_OK, compile_notice, error, library_warnings, positive, transcribe
 from nanoasr.errors import NanoasrError
 
 PROG = "nanoasr serve"
@@ -88,7 +88,8 @@ def main(argv: list[str]) -> int:
         error(PROG, f"the server needs the 'server' extra ({exc.name} is missing): "
                     'pip install ".[server]" in the nanoasr checkout')
         return EXIT_FAILED
-    with library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)):
+    with (library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)),
+          compile_notice(lambda message: print(f"{PROG}: {message}", file=sys.stderr, flush=True))):
         app = _app(args)
         if app is None:
             return EXIT_FAILED
@@ -119,6 +120,6 @@ def _app(args):
     app = create_app(model, api_key=args.api_key, max_upload_mb=args.max_upload_mb, max_queue=args.max_queue,
                      max_uploads=args.max_uploads, max_duration_s=args.max_duration,
                      read_timeout_s=args.read_timeout, upload_timeout_s=args.upload_timeout,
-                     min_upload_kib_s=args.min_upload_rate, upload_dir=args.upload_dir)
+                     min_upload_kib_s=args.min_upload_rate, upload_dir=args.upload_dir, warm_up=True)
     app.state.live_limits = Limits(vad=args.vad)
     return app

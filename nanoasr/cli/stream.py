@@ -19,7 +19,7 @@ import numpy as np
 from nanoasr.audio import SAMPLE_RATE
 from nanoasr.audio.vad import DEFAULT_VAD, VADS
 from nanoasr.backend import ACTIVATIONS, DEVICES
-from nanoasr.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, positive
+from nanoasr.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, compile_notice, error, library_warnings, positive
 from nanoasr.errors import NanoasrError, OptionError
 
 PROG = "nanoasr stream"
@@ -65,7 +65,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.rate > MAX_RAW_RATE:
         parser.error(f"--rate must be at most {MAX_RAW_RATE}; got {args.rate}")
-    with library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)):
+    with (library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)),
+          compile_notice(lambda message: print(f"{PROG}: {message}", file=sys.stderr, flush=True))):
         try:
             session = _session(args)
         except OptionError as exc:

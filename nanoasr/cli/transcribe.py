@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,8 +17,8 @@ from nanoasr.audio.fbank import REFERENCES
 from nanoasr.audio.io import DEFAULT_MAX_DURATION_S, path_problem
 from nanoasr.audio.segment import DEFAULT_SEGMENT_VAD, SEGMENT_VADS
 from nanoasr.backend import ACTIVATIONS, DEVICES
-from nanoasr.cli import (COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, error, library_warnings, one_line,
-                         positive)
+from nanoasr.cli import (COMMANDS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, compile_notice, error, library_warnings,
+                         one_line, positive)
 from nanoasr.errors import ModelError, NanoasrError, OptionError
 from nanoasr.writers import FORMATS, json_text, write_whole
 
@@ -143,7 +144,9 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
                         help="with -o: skip an input whose output files all exist already")
     output.add_argument("-v", "--verbose", action="store_true",
                         help="progress as log lines even when stderr is not a terminal, with each segment")
-    output.add_argument("-q", "--quiet", action="store_true", help="no progress bar, even on a terminal")
+    output.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bar, even on a terminal, and no line when a first run compiles the "
+                             "kernels")
 
 
 def add_duration_option(output, each: str) -> None:
@@ -292,6 +295,9 @@ class Progress:
     def error(self, message):
         self.line(f"{PROG}: error: {self.named(message)}")
 
+    def notice(self, message):
+        self.line(f"{PROG}: {message}")
+
     def warning(self, message):
         self.line(f"{PROG}: warning: {self.named(message)}")
 
@@ -339,7 +345,8 @@ def main(argv: list[str]) -> int:
     progress = Progress(sys.stderr, bar=sys.stderr.isatty() and not args.quiet, verbose=args.verbose)
     for line in failures:
         progress.error(line)
-    with library_warnings(progress.warning):
+    notice = nullcontext() if args.quiet else compile_notice(progress.notice)
+    with library_warnings(progress.warning), notice:
         try:
             return _run(args, items, formats, options, out_dir, progress, failed=len(failures))
         finally:

@@ -70,6 +70,10 @@ def new_position_into(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, value
             raise ValueError("a position is outside the cache")
     normed = np.empty((1, group, head_dim), np.float32)
     rotated = np.empty((1, group, head_dim), np.float32)
+    # the key's own buffers, not views of those: a view is typed as another layout, which would compile
+    # rope_rows a second time
+    normed_key = np.empty((1, 1, head_dim), np.float32)
+    rotated_key = np.empty((1, 1, head_dim), np.float32)
     for b in range(batch):
         c, s, p = cos[b:b + 1], sin[b:b + 1], positions[b]
         for h in range(kv_heads):
@@ -78,9 +82,9 @@ def new_position_into(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, value
             for j in range(group):
                 for d in range(head_dim):
                     q_out[b, h * group + j, d] = rotated[0, j, d] * scale
-            rms_norm_rows(k[b, h:h + 1], k_norm, eps, normed[0, :1])
-            rope_rows(normed[:, :1], c, s, rotated[:, :1])
-            keys[b, h, p] = rotated[0, 0]
+            rms_norm_rows(k[b, h:h + 1], k_norm, eps, normed_key[0])
+            rope_rows(normed_key, c, s, rotated_key)
+            keys[b, h, p] = rotated_key[0, 0]
             values[b, h, p] = v[b, h]
 
 

@@ -132,9 +132,14 @@ def model_summary(model) -> str:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
-    """The upload directory lives as long as the server."""
-    log.info("model: %s", model_summary(app.state.service.model))
-    uploads = app.state.service.uploads
+    """The model is warmed up (when create_app was asked to) before the server accepts a connection; the
+    upload directory lives as long as the server."""
+    service = app.state.service
+    log.info("model: %s", model_summary(service.model))
+    if app.state.warm_up:
+        log.info("warming up: one short transcription, so that the first request runs compiled kernels")
+        log.info("warmed up in %.1f s", await service.warm_up())
+    uploads = service.uploads
     uploads.open()
     try:
         yield
@@ -144,8 +149,11 @@ async def lifespan(app: FastAPI):
 
 def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, max_queue: int = 16,
                max_uploads: int = 32, max_duration_s: float = 3600, read_timeout_s: float = 30,
-               upload_timeout_s: float = 600, min_upload_kib_s: float = 16, upload_dir: str | None = None):
+               upload_timeout_s: float = 600, min_upload_kib_s: float = 16, upload_dir: str | None = None,
+               warm_up: bool = False):
     """The ASGI app serving `model` (a nanoasr Model, or anything whose transcribe() takes a DecodedAudio).
+    With `warm_up`, the app's startup runs model.warm_up() (Model.warm_up) on the worker thread before the
+    server accepts connections, so that the first request does not wait for the kernels to compile.
 
     At most `max_uploads` uploads arrive at once, each within the times of multipart.UploadTimes;
     `max_queue` complete ones wait or run. Uploads are written to temporary files in this server's own
@@ -155,6 +163,7 @@ def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, 
     app = FastAPI(title="nanoasr", version="1", lifespan=lifespan,
                   description="OpenAI-compatible speech-to-text with Fun-ASR-Nano")
     times = UploadTimes(read_timeout_s, upload_timeout_s, min_upload_kib_s * KIB)
+    app.state.warm_up = warm_up
     app.state.service = Service(model, api_key=api_key, max_bytes=int(max_upload_mb * MIB),
                                 max_queue=max_queue, max_uploads=max_uploads, max_duration_s=max_duration_s,
                                 upload_times=times, upload_dir=upload_dir)

@@ -102,6 +102,11 @@ class Service:
         except OptionError as exc:
             raise refused_field(exc) from None
 
+    async def warm_up(self) -> float:
+        """The model's warm-up (Model.warm_up: its kernels compiled or loaded), on the worker thread that runs
+        the requests, so that what it keeps per thread is that thread's; its seconds."""
+        return await asyncio.get_running_loop().run_in_executor(self.queue.worker, self.model.warm_up)
+
     def start(self, form: UploadForm, options: RequestOptions, events=None) -> asyncio.Future:
         """Queues the job; the future is its transcript. `events` (responses.TextEvents) hears of the text
         as it is decoded."""

@@ -28,7 +28,7 @@ import numpy as np
 from llvmlite import ir
 from numba import prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from nanoasr.kernels.int8.dot import (KINDS, PATHS, pair_products, pair_sums, q4_k_quants, q4_k_scales,
                                       q6_k_quants, q6_k_scales, quantize_block, vpdpbusd)
@@ -350,20 +350,34 @@ def _as_int8(q):  # the fours layout reads x's quants as they are (one driver bo
     return q
 
 
+def _x_quants(count, q):  # x's quants as the layout of `count` lines reads them: compiled code only
+    raise NotImplementedError("compiled code only: numba picks the layout when the driver compiles")
+
+
+@overload(_x_quants, prefer_literal=True)
+def _x_quants_kernel(count, q):
+    """_as_int16 for the pairs layout (16 lines), _as_int8 for the fours, by the literal `count`: a number
+    in the driver's closure, where a dispatcher would pickle differently in every process and so change
+    the driver's cache key (numba keys a cached function by its closure's pickled contents)."""
+    if not isinstance(count, types.IntegerLiteral):
+        return None
+    layout = _as_int16 if count.literal_value == 16 else _as_int8
+    return lambda count, q: layout(q)
+
+
 def _driver(kind: str, path: str):
     """The product for `kind` on `path`: x float32 [n, >= 32nb'] @ W.T -> out float32 [n, rows], W `kind`
     data of nb whole blocks a row (nb' = nb * values per block / 32)."""
     per = BLOCKS[kind].size // 32
     scales_per, rows_a_call, count = SCALES[kind], call_rows(kind, path), lines(kind, path)
     k_chunk = K_CHUNK_BLOCKS[path]
-    x_quants = _as_int16 if count == 16 else _as_int8
 
     def gemm(x, data, nb, out):
         if x.shape[0] * nb * per >= PARALLEL_BLOCKS:
             q, d, sums = quantized_rows_parallel(x, nb * per)
         else:
             q, d, sums = quantized_rows(x, nb * per)
-        q = x_quants(q)
+        q = _x_quants(count, q)
         panels = (data.shape[0] + PANEL - 1) // PANEL
         for t in prange(panels):
             packed = np.empty((nb * per, 2, count, 64), np.uint8)
