@@ -1,9 +1,11 @@
 """Every CPU kernel compiles for aarch64 from this machine. A process whose kernel choice (kernels/target.py)
-is told the target is aarch64 runs the tiny model (Q4_K and Q6_K, bf16, Q8_0 weights) and calls every other
-kernel's entry point, keeping each compiled library's LLVM IR as numba optimized it, before the host's code
-generation lowers it for x86; LLVM's AArch64 back end then compiles that IR, generic (NEON), with dotprod and
-with i8mm. No x86 intrinsic may reach an ARM target, and the x86-only kernels (the int8 and bf16 products)
-are never chosen there.
+is told the target is aarch64 without dotprod runs the tiny model (Q4_K and Q6_K, bf16, Q8_0 weights) and
+calls every other kernel's entry point, keeping each compiled library's LLVM IR as numba optimized it, before
+the host's code generation lowers it for x86; LLVM's AArch64 back end then compiles that IR, generic (NEON),
+with dotprod and with i8mm. No x86 intrinsic may reach an ARM target, and the int8 and bf16 products are
+never chosen there. The int8 products' AArch64 paths (sdot with dotprod, smmla with i8mm), which cannot run
+here, are compiled by numba itself for an aarch64 target in another process, and their assembly shows the
+instructions; they run under emulation in tools/arm_check.sh.
 """
 import json
 import os
@@ -24,8 +26,10 @@ TRIPLE = "aarch64-unknown-linux-gnu"
 ARM_TARGETS = {"generic": "+neon", "dotprod": "+neon,+dotprod", "i8mm": "+neon,+dotprod,+i8mm"}
 # each model with the activations ARM_RUN gives it; q4_k_m: Q4_K and Q6_K matrices
 STORED = ("q4_k_m", "bf16", "q8_0")
-# kernels only the x86 paths call: an aarch64 target must never compile them
-X86_ONLY = re.compile(r"nanoasr\.kernels\.(int8\.|bf16\.)")
+# kernels an aarch64 target without dotprod must never compile: the int8 products (x86's, and AArch64's with
+# dotprod or i8mm) and the bf16 products (x86's)
+NOT_GENERIC = re.compile(r"nanoasr\.kernels\.(int8\.|bf16\.)")
+INTEGER_OPS = re.compile(r"^\s+(sdot|smmla)\s", re.M)
 
 ARM_RUN = """
 import gc, json, pathlib, sys
@@ -49,7 +53,7 @@ def keep_ir(library):
 codegen.CPUCodeLibrary._finalize_final_module = keep_ir
 from nanoasr.kernels import target
 target.architecture = lambda: "aarch64"
-target.features = lambda: dict.fromkeys(("neon", "fp-armv8", "dotprod", "i8mm", "bf16"), True)
+target.features = lambda: dict.fromkeys(("neon", "fp-armv8", "bf16"), True)
 
 from nanoasr.api import Model
 from nanoasr.backend import cpu as cpu_backend
@@ -140,17 +144,17 @@ def test_llvmlite_carries_the_aarch64_back_end():
     assert llvm.Target.from_triple(TRIPLE).name == "aarch64"
 
 
-def test_an_aarch64_target_chooses_no_x86_kernel(arm_run):
+def test_an_aarch64_target_without_dotprod_chooses_no_integer_or_x86_kernel(arm_run):
     _, run = arm_run
     assert run["choice"] == {"int8": None, "amx": False, "avx512_bf16": False, "bf16": False}
-    chosen_x86 = [name for name in run["compiled"] if X86_ONLY.match(name) and run["compiled"][name]]
-    assert chosen_x86 == [], "x86-only kernels compiled for an aarch64 target"
+    chosen = [name for name in run["compiled"] if NOT_GENERIC.match(name) and run["compiled"][name]]
+    assert chosen == [], "int8 or bf16 kernels compiled for an aarch64 target without dotprod"
 
 
 def test_every_other_kernel_was_compiled(arm_run):
     """The run reaches every kernel the aarch64 target may use, so that the compilation below covers all."""
     _, run = arm_run
-    missing = [name for name, files in run["compiled"].items() if not files and not X86_ONLY.match(name)]
+    missing = [name for name, files in run["compiled"].items() if not files and not NOT_GENERIC.match(name)]
     assert missing == []
     assert len(run["compiled"]) > 20
 
@@ -164,6 +168,8 @@ def test_every_kernel_compiles_for_aarch64(arm_run, arm):
             assert "@llvm.x86." not in ir_text, f"{file}: an x86 intrinsic"
             assembly = aarch64_assembly(ir_text, ARM_TARGETS[arm])
             assert re.search(r"^\s+ret$", assembly, re.M), f"{file}: no AArch64 code"
+            if arm == "generic":
+                assert not INTEGER_OPS.search(assembly), f"{file}: sdot or smmla without dotprod"
 
 
 def test_an_x86_kernel_is_caught(arm_run):
@@ -199,3 +205,84 @@ def test_no_int8_path_off_x86_whatever_the_features(monkeypatch):
     finally:
         monkeypatch.undo()
         int8_dot.host_path.cache_clear()
+
+
+@pytest.mark.parametrize("features, path", [(("neon",), None), (("neon", "dotprod"), "dotprod"),
+                                            (("neon", "dotprod", "i8mm"), "i8mm"), (("neon", "i8mm"), None)])
+def test_the_aarch64_int8_path_follows_dotprod_and_i8mm(monkeypatch, features, path):
+    monkeypatch.setattr(target, "features", lambda: dict.fromkeys(features, True))
+    monkeypatch.setattr(target, "architecture", lambda: "aarch64")
+    int8_dot.host_path.cache_clear()
+    try:
+        assert int8_dot.host_path() == path
+    finally:
+        monkeypatch.undo()
+        int8_dot.host_path.cache_clear()
+
+
+ARM_INT8 = """
+import json, pathlib, sys
+import llvmlite.binding as llvm
+
+llvm.initialize_all_targets()
+llvm.initialize_all_asmprinters()
+llvm.get_process_triple = lambda: "aarch64-unknown-linux-gnu"  # numba's code generation targets aarch64
+from nanoasr.kernels import target
+
+target.features = lambda: dict.fromkeys(("neon", "dotprod", "i8mm"), True)
+from numba import types
+from nanoasr.kernels.int8.dot import ARM_PATHS, KINDS, MATVEC_INT8, host_path
+from nanoasr.kernels.int8.gemm import GEMM_INT8
+
+out = pathlib.Path(sys.argv[1])
+matrix = types.Array(types.float32, 2, "C")
+signature = (matrix, types.Array(types.uint8, 2, "C"), types.int64, matrix)
+files = {}
+for path in ARM_PATHS:
+    for kind in KINDS:
+        for product, drivers in (("matvec", MATVEC_INT8), ("gemm", GEMM_INT8)):
+            drivers[kind, path].compile(signature)
+            name = f"{product}_{kind}_{path}.ll"
+            (out / name).write_text("".join(drivers[kind, path].inspect_llvm().values()))
+            files[name] = (product, path)
+print(json.dumps({"choice": host_path(), "files": files}))
+"""
+
+
+@pytest.fixture(scope="module")
+def arm_int8(tmp_path_factory):
+    """The int8 products of each AArch64 path, as numba compiles them for an aarch64 target with dotprod
+    and i8mm (the process's triple aarch64, numba's CPU generic with those features): {file: (product,
+    path)} of their LLVM IR."""
+    tmp = tmp_path_factory.mktemp("arm_int8")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp / "cache"), "NUMBA_CPU_NAME": "generic",
+           "NUMBA_CPU_FEATURES": "+neon,+dotprod,+i8mm",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", ARM_INT8, str(tmp)], env=env, capture_output=True,
+                          text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads(done.stdout.splitlines()[-1])
+    assert run["choice"] == "i8mm"
+    return tmp, run["files"]
+
+
+def test_the_dotprod_path_compiles_to_sdot_without_i8mm(arm_int8):
+    """Every int8 product of the dotprod path, compiled for a CPU with dotprod and no i8mm: sdot, no smmla."""
+    tmp, files = arm_int8
+    dotprod = [name for name, (_, path) in files.items() if path == "dotprod"]
+    assert len(dotprod) == 6
+    for name in dotprod:
+        ir_text = (tmp / name).read_text()
+        assert "@llvm.x86." not in ir_text and "@llvm.aarch64.neon.sdot.v4i32.v16i8" in ir_text
+        assembly = aarch64_assembly(ir_text, ARM_TARGETS["dotprod"])
+        assert set(INTEGER_OPS.findall(assembly)) == {"sdot"}, name
+
+
+def test_the_i8mm_gemm_compiles_to_smmla(arm_int8):
+    """With i8mm the many-row products multiply 2 x 2 tiles (smmla); its decode products are sdot's."""
+    tmp, files = arm_int8
+    i8mm = {name: product for name, (product, path) in files.items() if path == "i8mm"}
+    assert sorted(i8mm.values()) == ["gemm"] * 3 + ["matvec"] * 3
+    for name, product in i8mm.items():
+        assembly = aarch64_assembly((tmp / name).read_text(), ARM_TARGETS["i8mm"])
+        assert set(INTEGER_OPS.findall(assembly)) == ({"smmla"} if product == "gemm" else {"sdot"}), name

@@ -1,6 +1,7 @@
 """The int8-activation products over Q8_0, Q4_K and Q6_K weights (nanoasr/kernels/int8/dot.py, and the GEMM
 for many rows in int8/gemm.py) against their numpy twin in nanoasr.ops, on every path this CPU can run (AVX2
-forced where VNNI is present too)."""
+forced where VNNI is present too, dotprod where i8mm is: on AArch64 these run under emulation,
+tools/arm_check.sh)."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
@@ -13,6 +14,7 @@ from nanoasr.tensor import StoredTensor
 
 # "gemm_vnni", "gemm_avx2": stored.gemm_int8, the many-row product, on each path
 RUNNABLE = {"vnni": ["vnni", "avx2", "gemm_vnni", "gemm_avx2"], "avx2": ["avx2", "gemm_avx2"],
+            "i8mm": ["dotprod", "i8mm", "gemm_dotprod", "gemm_i8mm"], "dotprod": ["dotprod", "gemm_dotprod"],
             None: []}[host_path()]
 GEMMS = tuple(f"gemm_{p}" for p in PATHS)
 paths = pytest.mark.parametrize("path", [pytest.param(p, marks=[pytest.mark.cpu_path, pytest.mark.skipif(
@@ -217,7 +219,11 @@ def test_int8_product_uses_the_integer_instructions(path, kind, nbytes):
     asm = "".join(fresh.inspect_asm().values())
     widened = "\tvpmaddwd\t" in asm or "\tvpdpwssd\t" in asm  # where VNNI is present LLVM fuses vpmaddwd
     # with the add after it into vpdpwssd
-    if on == "vnni":
+    if path == "gemm_i8mm":
+        assert "\tsmmla\t" in asm
+    elif on in ("dotprod", "i8mm"):
+        assert "\tsdot\t" in asm and "\tsmmla\t" not in asm
+    elif on == "vnni":
         assert "\tvpdpbusd\t" in asm
     elif path == "gemm_avx2" and kind == "q8_0":  # int16 pairs of signed quants
         assert widened and "\tvpmaddubsw\t" not in asm
@@ -255,15 +261,15 @@ def test_int8_gemm_int16_sums_do_not_saturate(path, kind, sign):
 
 
 @pytest.mark.cpu_path
-@pytest.mark.skipif(host_path() != "vnni", reason="this CPU cannot run both GEMM paths")
+@pytest.mark.skipif(host_path() not in ("vnni", "i8mm"), reason="this CPU cannot run two GEMM paths")
 @pytest.mark.parametrize("kind, rows, cols", [("q8_0", 35, 32 * 21), ("q4_k", 37, 256 * 3),
                                               ("q6_k", 33, 256 * 5)])
 @pytest.mark.parametrize("n", [9, 13, 42])
 def test_int8_gemm_paths_give_the_same_bits(kind, rows, cols, n):
     """The same integer sums, scaled and added in the same order: a model gives the same numbers with AVX2
-    as with VNNI."""
+    as with VNNI, and with sdot as with smmla."""
     rng = np.random.default_rng(n + rows)
     data = random_weights(rng, kind, rows, cols)
     x = rng.standard_normal((n, cols)).astype(np.float32) * rng.uniform(0.1, 10, (n, 1)).astype(np.float32)
-    vnni, avx2 = (product(x, data, kind, rows, path) for path in GEMMS)
-    assert np.array_equal(vnni, avx2)
+    first, second = (product(x, data, kind, rows, path) for path in GEMMS if path in RUNNABLE)
+    assert np.array_equal(first, second)

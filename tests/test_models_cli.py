@@ -213,6 +213,40 @@ def test_cpu_flags_fallback_reads_proc_cpuinfo():
     assert doctor._proc_flags()["avx512bf16"] == ("avx512_bf16" in flags)
 
 
+ARM_CPUINFO = """processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
+CPU implementer\t: 0x41
+"""
+
+
+def test_doctor_names_the_arm_features_on_aarch64(monkeypatch, tmp_path):
+    """On aarch64 the doctor reports ARM's features (LLVM's names, or /proc/cpuinfo's Features line) and
+    names dotprod as what the int8 path lacks."""
+    import llvmlite.binding as llvm
+
+    from nanoasr.kernels import target
+    from nanoasr.kernels.int8 import dot as int8_dot
+
+    monkeypatch.setattr(doctor.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(llvm, "get_host_cpu_features", lambda: {"neon": True, "dotprod": True, "i8mm": False,
+                                                                "sve": True, "avx2": True})
+    assert doctor.cpu()["features"] == {"neon": True, "dotprod": True, "i8mm": False, "sve": True,
+                                        "bf16": False}
+    (tmp_path / "cpuinfo").write_text(ARM_CPUINFO)
+    assert doctor._proc_flags(str(tmp_path / "cpuinfo")) == {"neon": True, "dotprod": True, "i8mm": False,
+                                                             "sve": False, "bf16": False}
+    monkeypatch.setattr(target, "architecture", lambda: "aarch64")
+    for features, decode in ((("neon",), "float32 (no dotprod)"),
+                             (("neon", "dotprod", "i8mm"), "int8 (i8mm)")):
+        monkeypatch.setattr(target, "features", lambda: dict.fromkeys(features, True))
+        int8_dot.host_path.cache_clear()
+        try:
+            assert doctor.kernels()["int8_decode"] == decode
+        finally:
+            int8_dot.host_path.cache_clear()
+
+
 def test_real_package_through_a_fresh_process(tmp_path):
     """The shipped spec and environment variables alone (nothing patched): download, list, offline doctor."""
     from nanoasr import hub

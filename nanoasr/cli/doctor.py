@@ -19,6 +19,9 @@ DISTRIBUTIONS = ("numpy", "numba", "llvmlite", "gguf", "safetensors", "tokenizer
                  "soundfile", "soxr", "threadpoolctl", "cupy-cuda12x", "cupy")
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avx512bf16", "amx-tile")
 PROC_FLAGS = {"avx512bf16": "avx512_bf16", "avx512vnni": "avx512_vnni", "amx-tile": "amx_tile"}
+# on aarch64: LLVM's names, and /proc/cpuinfo's where they differ
+ARM_CPU_FLAGS = ("neon", "dotprod", "i8mm", "sve", "bf16")
+ARM_PROC_FLAGS = {"neon": "asimd", "dotprod": "asimddp"}
 ENVIRONMENT = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS",
                "OPENBLAS_THREAD_TIMEOUT", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "NUMBA_THREADING_LAYER",
                "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME",
@@ -90,13 +93,19 @@ def numba_info() -> dict:
     return {**out, "threads": numba.get_num_threads(), "max_threads": numba.config.NUMBA_NUM_THREADS}
 
 
+def on_arm() -> bool:
+    return platform.machine().lower() in ("aarch64", "arm64")
+
+
 def cpu() -> dict:
+    """The CPU's name and the features the kernels ask for (x86's, or on aarch64 ARM's)."""
     try:
         import llvmlite.binding as llvm
 
         features = llvm.get_host_cpu_features()
+        wanted = ARM_CPU_FLAGS if on_arm() else CPU_FLAGS
         return {"name": llvm.get_host_cpu_name(), "source": "llvmlite",
-                "features": {f: bool(features.get(f, False)) for f in CPU_FLAGS}}
+                "features": {f: bool(features.get(f, False)) for f in wanted}}
     except Exception:  # llvmlite missing or unable to query the host: fall back to the kernel's view
         return {"name": platform.processor() or None, "source": "/proc/cpuinfo", "features": _proc_flags()}
 
@@ -113,7 +122,8 @@ def kernels() -> dict:
     path = host_path()
     prefetch = target.weight_prefetch()
     auto = ", ".join(f"{kind} {resolved_activations(kind, 'auto')}" for kind in STORED_TYPES)
-    return {"int8_decode": f"int8 ({path})" if path else "float32 (no AVX2)",
+    lacking = "dotprod" if on_arm() else "AVX2"
+    return {"int8_decode": f"int8 ({path})" if path else f"float32 (no {lacking})",
             "int8_many_rows": f"int8 GEMM ({path})" if path else "float32 (widening + BLAS)",
             "bf16_many_rows": ("AMX tiles" if amx.available() else "bf16 GEMM (avx512bf16)"
                                if avx512.available() else "BLAS on bf16-rounded rows"),
@@ -141,13 +151,15 @@ def kernel_cache() -> dict:
             "size_mb": round(sum(f.stat().st_size for f in files) / 2**20, 1)}
 
 
-def _proc_flags() -> dict:
+def _proc_flags(path: str = "/proc/cpuinfo") -> dict:
+    field, names, wanted = ("Features", ARM_PROC_FLAGS, ARM_CPU_FLAGS) if on_arm() else (
+        "flags", PROC_FLAGS, CPU_FLAGS)
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            flags = next((line.split(":", 1)[1].split() for line in fh if line.startswith("flags")), [])
+        with open(path, encoding="utf-8") as fh:
+            flags = next((line.split(":", 1)[1].split() for line in fh if line.startswith(field)), [])
     except OSError:
         return {}
-    return {f: PROC_FLAGS.get(f, f) in flags for f in CPU_FLAGS}
+    return {f: names.get(f, f) in flags for f in wanted}
 
 
 def environment() -> dict:

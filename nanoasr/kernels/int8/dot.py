@@ -5,11 +5,13 @@ nearest, ties to even); a 32-value weight block or sub-block meets it as an inte
 integer partial sums are scaled in float32: by dw*d for Q8_0 (f16 dw, 32 int8), by d*sc_j*dx for Q4_K's
 sub-block j (4-bit quants, 0..15), whose min is then subtracted as dmin*m_j times the block's sum of x
 (dx times the sum of its int8); Q6_K's quants (q + 32, 0..63) meet x unsigned, each integer sum starting
-at -32 times its four x, and are scaled per 16 values. Two paths, the instruction chosen when the product
-compiles: "vnni" (vpdpbusd: unsigned x signed bytes summed by fours into int32; Q8_0 weights are made
+at -32 times its four x, and are scaled per 16 values. Paths, the instruction chosen when the product
+compiles: on x86 "vnni" (vpdpbusd: unsigned x signed bytes summed by fours into int32; Q8_0 weights are made
 unsigned by adding 128, and the accumulator starts at -128 times the sum of each four bytes of x, so no
 correction follows) and "avx2" (vpmaddubsw + vpmaddwd: |w| times x with w's sign, so that pairs of products
-cannot saturate int16; Q4_K's and Q6_K's quants are unsigned already). One 512-bit step covers two 32-value
+cannot saturate int16; Q4_K's and Q6_K's quants are unsigned already); on AArch64 "dotprod" and "i8mm", both
+sdot here (signed x signed bytes summed by fours: the weights' quants as stored, each sum the VNNI path's),
+"i8mm" differing in the GEMM (int8/gemm.py). One 512-bit step covers two 32-value
 blocks; its 16 int32 lanes (8 per block) are widened to float and accumulated with their block's scale, and
 reduced once per pass as in rows_dot. The scales are the vector ports' other work, so they are made once
 for the two weight rows decoded together: their f16 fields gathered as integers and converted in one
@@ -28,6 +30,7 @@ from numba.extending import intrinsic
 
 from nanoasr.kernels import target
 from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.ir.neon import sdot
 from nanoasr.kernels.ir.quant_blocks import f16x8, scales_mins
 from nanoasr.kernels.ir.rows_dot import ROWS, RowsDot
 from nanoasr.kernels.ir.vector import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
@@ -35,18 +38,23 @@ from nanoasr.kernels.ir.vector import (F32, I8, I16, I32, V16, bytes_of, concate
                                        unrolled_loop)
 from nanoasr.kernels.jit import njit
 
-PATHS = ("vnni", "avx2")
+X86_PATHS = ("vnni", "avx2")
+ARM_PATHS = ("dotprod", "i8mm")
+PATHS = X86_PATHS + ARM_PATHS
 KINDS = ("q8_0", "q4_k", "q6_k")
 I32X16 = ir.VectorType(I32, 16)
 
 
 @cache
 def host_path() -> str | None:
-    """The integer path this CPU runs: "vnni" with AVX512-VNNI and AVX512-BW, "avx2" with AVX2, else None
-    (features of numba's target: target.py; both paths are x86 instructions, None on any other target)."""
+    """The integer path this CPU runs (features of numba's target: target.py): on x86_64 "vnni" with
+    AVX512-VNNI and AVX512-BW, "avx2" with AVX2; on aarch64 "i8mm" with i8mm and dotprod, "dotprod" with
+    dotprod; else None."""
+    features = target.features()
+    if target.architecture() == "aarch64":
+        return ("i8mm" if features.get("i8mm") else "dotprod") if features.get("dotprod") else None
     if target.architecture() != "x86_64":
         return None
-    features = target.features()
     if features.get("avx512vnni") and features.get("avx512bw"):
         return "vnni"
     return "avx2" if features.get("avx2") else None
@@ -121,7 +129,7 @@ def quantized(x, nb):  # x float32 [n <= 8, >= 32*nb] -> q int8 [pairs, nx, 64],
 @intrinsic(prefer_literal=True)
 def int8_rows_dot(typingctx, kind, path, nx, data, q, d, bias, sums, nb, r0, r1, out):
     """out[:, r0:r1] = x @ W[r0:r1].T over the first nb blocks (of `kind`, in KINDS) of each row of data,
-    r1 - r0 <= ROWS, for x as quantized() gives it (q, d, bias, sums); kind, path ("vnni" | "avx2")
+    r1 - r0 <= ROWS, for x as quantized() gives it (q, d, bias, sums); kind, path (in PATHS)
     and nx are compile-time constants."""
     literal = (isinstance(kind, types.StringLiteral) and isinstance(path, types.StringLiteral)
                and isinstance(nx, types.IntegerLiteral))
@@ -201,6 +209,8 @@ class _Int8RowsDot(RowsDot):
 
     def integer_sums(self, wq, xv, start):
         """<16 x i32>: the sums of each four w * x (start() gives the VNNI path's x correction)."""
+        if self.path in ARM_PATHS:
+            return sdot(self.b, ir.Constant(I32X16, None), wq, xv)
         return self.vnni(wq, xv, start()) if self.path == "vnni" else self.avx2(wq, xv)
 
     def vnni(self, wq, xv, start):
@@ -263,7 +273,9 @@ class _Q4KInt8(_Int8RowsDot):
         return q4_k_quants(self.b, blk, c)
 
     def integer_sums(self, wq, xv, start):
-        """Quants 0..15 are unsigned bytes as they are: no correction, no signs."""
+        """Quants 0..15 are unsigned bytes as they are, and signed ones too: no correction, no signs."""
+        if self.path in ARM_PATHS:
+            return sdot(self.b, ir.Constant(I32X16, None), wq, xv)
         if self.path == "vnni":
             return vpdpbusd(self.b, ir.Constant(I32X16, None), wq, xv)
         return pmadd_halves(self.b, wq, xv)
@@ -293,6 +305,8 @@ class _Q6KInt8(_Q4KInt8):
 
     def integer_sums(self, wq, xv, start):
         offset = self.b.ashr(start(), ir.Constant(I32X16, [2] * 16))  # -32 times each four x
+        if self.path in ARM_PATHS:
+            return sdot(self.b, offset, wq, xv)
         if self.path == "vnni":
             return vpdpbusd(self.b, offset, wq, xv)
         return self.b.add(pmadd_halves(self.b, wq, xv), offset)

@@ -21,6 +21,14 @@ bytes, line p holding quants 2p, 2p+1 of each of 16 weight rows sign-extended to
 multiplies by a pair of x's int8 (as int16, broadcast) into int32 sums, with no offset to take back; a call
 takes two rows of x, which share each pair's weight lines in registers (call_rows). The integer sums are the
 same, so both paths give the same bits.
+
+On AArch64 the weights' quants are packed signed (Q8_0's as stored, with no offset to take back). "dotprod"
+reads the fours' lines as "vnni" does, each vpdpbusd an sdot (16 bytes a call, four calls a line). "i8mm"
+packs the same 8 lines per 32 values in eights: line 2e (2e + 1) holds quants 8e..8e+7 of weight rows 0-7
+(8-15), row after row, so that 16 bytes are two weight rows' eight, and one smmla multiplies them by two
+rows of x's eight into the 2 x 2 int32 sums of those rows; a call's rows of x are taken in pairs, and the
+tiles' lanes are put back in the fours' order (a row of x, 16 weight rows) before the scaling. Every path
+sums the same integers and scales them in the same order, so all four give the same bits.
 """
 from __future__ import annotations
 
@@ -30,13 +38,14 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from nanoasr.kernels.int8.dot import (KINDS, PATHS, pair_products, pair_sums, q4_k_quants, q4_k_scales,
-                                      q6_k_quants, q6_k_scales, quantize_block, vpdpbusd)
+from nanoasr.kernels.int8.dot import (ARM_PATHS, KINDS, PATHS, pair_products, pair_sums, q4_k_quants,
+                                      q4_k_scales, q6_k_quants, q6_k_scales, quantize_block, vpdpbusd)
 from nanoasr.kernels.ir.blocks import BLOCKS
+from nanoasr.kernels.ir.neon import sdot, smmla
 from nanoasr.kernels.ir.quant_blocks import f16x8
 from nanoasr.kernels.ir.vector import (F32, I8, I16, I32, V16, bytes_of, concatenated, i64, lanes,
-                                       load_vector, mac, prefetch, splat, store_rows, store_vector,
-                                       transposed)
+                                       load_vector, mac, pick, prefetch, splat, store_rows,
+                                       store_vector, transposed)
 from nanoasr.kernels.jit import njit
 
 PANEL = 32  # weight rows a task packs: two groups of 16, one int32 lane each
@@ -45,7 +54,7 @@ X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 1
 # packed fours, which stay in the core's first-level cache while every row reads them (twice that overflowed
 # it), and 32 KiB of Q8_0's pairs, which a call's two rows share (half that split the encoder's products of
 # 512 columns in two; many_rows.md). VNNI, four rows a call: the whole panel
-K_CHUNK_BLOCKS = {"vnni": 1 << 40, "avx2": 16}
+K_CHUNK_BLOCKS = {"vnni": 1 << 40, "avx2": 16, "dotprod": 1 << 40, "i8mm": 1 << 40}
 # Values of a row a panel is packed by at a time, a group of 16 rows after the other, block by block across
 # the group's rows: the chunk of each row is read in a run of 1024 values, and the run after it is prefetched
 # (the hardware prefetcher does not follow 16 rows' streams)
@@ -60,10 +69,10 @@ def lines(kind: str, path: str) -> int:
 
 
 def call_rows(kind: str, path: str) -> int:
-    """Rows of x a kernel call takes. VNNI: X_ROWS. AVX2's 16 registers of 256 bits hold fewer: Q8_0's
-    pairs, two rows (8 int32 accumulators and the 4 registers of a pair's weight lines, loaded once for both
-    rows); the fours' runs of int16 sums, one."""
-    if path == "vnni":
+    """Rows of x a kernel call takes. VNNI and the AArch64 paths: X_ROWS. AVX2's 16 registers of 256 bits hold
+    fewer: Q8_0's pairs, two rows (8 int32 accumulators and the 4 registers of a pair's weight lines, loaded
+    once for both rows); the fours' runs of int16 sums, one."""
+    if path != "avx2":
         return X_ROWS
     return 2 if lines(kind, path) == 16 else 1
 
@@ -76,11 +85,12 @@ def _block_scales(b, kind, blk):
     return (q4_k_scales if kind == "q4_k" else q6_k_scales)(b, [blk])
 
 
-def _runs(b, kind, blk, c):
-    """[<32 x i8>]: the unsigned quants of step c's 32-value sub-blocks of a block of `kind` at blk (Q8_0:
-    its one, plus 128; Q4_K and Q6_K: sub-blocks 2c and 2c + 1)."""
+def _runs(b, kind, path, blk, c):
+    """[<32 x i8>]: the quants of step c's 32-value sub-blocks of a block of `kind` at blk as `path` reads
+    them (Q8_0: its one, plus 128 on x86, as stored on AArch64; Q4_K and Q6_K: sub-blocks 2c and 2c + 1)."""
     if kind == "q8_0":
-        return [b.xor(load_vector(b, blk, 2, I8, 32), bytes_of(-128))]
+        quants = load_vector(b, blk, 2, I8, 32)
+        return [quants if path in ARM_PATHS else b.xor(quants, bytes_of(-128))]
     quants = (q4_k_quants if kind == "q4_k" else q6_k_quants)(b, blk, c)
     return [lanes(b, quants, range(32 * h, 32 * h + 32)) for h in range(2)]
 
@@ -98,10 +108,11 @@ def _pack_panel(typingctx, kind, path, data, r0, nb, packed, scales, mins):
     [SCALES * nb', 32] and mins [nb', 32] float32 (nb' = nb * values per block / 32): their scales and negated
     mins, per row. A group of 16 rows' 32 values become its lines in registers: fours, each pair of rows
     i, i + 8 one vector of 16 words, the 8 vectors transposed as two 8 x 8 blocks of words side by side;
-    pairs, each row one vector of 16 words (its int16 pairs), the 16 vectors transposed."""
+    pairs, each row one vector of 16 words (its int16 pairs), the 16 vectors transposed; i8mm's eights,
+    the fours' lines interleaved by twos (_eights)."""
     if not isinstance(kind, types.StringLiteral) or not isinstance(path, types.StringLiteral):
         return None
-    name, count = kind.literal_value, lines(kind.literal_value, path.literal_value)
+    name, on = kind.literal_value, path.literal_value
 
     def codegen(context, builder, sig, args):
         da, pa, sa, ma = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (2, 5, 6, 7))
@@ -129,14 +140,15 @@ def _pack_panel(typingctx, kind, path, data, r0, nb, packed, scales, mins):
                     blks = [b.gep(row, [b.mul(k, i64(nbytes))]) for row in row_ptrs]
                     for blk in blks:
                         prefetch(b, b.gep(blk, [i64(per_chunk * nbytes)]))  # the row's next chunk
-                    _pack_group_block(b, name, count, blks, k, group, words, sa.data, ma.data)
+                    _pack_group_block(b, name, on, blks, k, group, words, sa.data, ma.data)
         return context.get_dummy_value()
     return types.none(kind, path, data, r0, nb, packed, scales, mins), codegen
 
 
-def _pack_group_block(b, name, count, blks, k, group, words, scales, mins):
-    """Block k of the 16 rows of a group (at blks) into its `count` packed lines a 32 values, their scales and
-    negated mins."""
+def _pack_group_block(b, name, path, blks, k, group, words, scales, mins):
+    """Block k of the 16 rows of a group (at blks) into its packed lines for `path` (lines(name, path) a 32
+    values), their scales and negated mins."""
+    count = lines(name, path)
     first_sub = b.mul(k, i64(BLOCKS[name].size // 32))
     for j, blk in enumerate(blks):
         scale, negmins = _block_scales(b, name, blk)
@@ -152,14 +164,22 @@ def _pack_group_block(b, name, count, blks, k, group, words, scales, mins):
             store_vector(b, b.gep(words, [first]), 16 * p, line)
         return
     for c in range(BLOCKS[name].size // 64 or 1):
-        runs = [_runs(b, name, blk, c) for blk in blks]
+        runs = [_runs(b, name, path, blk, c) for blk in blks]
         for h in range(len(runs[0])):
             pairs = [b.bitcast(concatenated(b, [runs[i][h], runs[i + 8][h]]), ir.VectorType(I32, 16))
                      for i in range(8)]
             sub = b.add(first_sub, i64(2 * c + h))
             first = b.mul(b.add(b.mul(sub, i64(2)), i64(group)), i64(8 * 16))
-            for g, line in enumerate(transposed(b, pairs)):
+            fours = transposed(b, pairs)
+            for g, line in enumerate(_eights(b, fours) if path == "i8mm" else fours):
                 store_vector(b, b.gep(words, [first]), 16 * g, line)
+
+
+def _eights(b, fours):
+    """The 8 lines of fours (<16 x i32>, line g: word j is weight row j's quants 4g..4g+3) as lines of eights:
+    line 2e, 2e + 1 the words of fours 2e and 2e + 1 interleaved, of rows 0-7 and 8-15."""
+    return [pick(b, fours[2 * e], fours[2 * e + 1], [j // 2 + 16 * (j % 2) + 8 * h for j in range(16)])
+            for e in range(4) for h in range(2)]
 
 
 def _parts(b, name, path, halves, k):
@@ -167,6 +187,8 @@ def _parts(b, name, path, halves, k):
     scale's index): the offset of the unsigned quants times x's sums (halves: each row's two sums of 16 q)."""
     if name == "q8_0" and lines(name, path) == 16:  # signed pairs: no offset
         return [([ir.Constant(I32, 0)] * len(halves), range(16), k)]
+    if name == "q8_0" and path in ARM_PATHS:  # signed fours: no offset
+        return [([ir.Constant(I32, 0)] * len(halves), range(8), k)]
     if name == "q8_0":
         return [([b.mul(b.add(*hv), ir.Constant(I32, -128)) for hv in halves], range(8), k)]
     if name == "q4_k":
@@ -195,14 +217,17 @@ def _integer_sums(b, name, path, words, qrows, k, starts, steps):
                 for c in range(2):
                     b.store(b.add(b.load(row[c]), _word_products(b, w[c], xp)), row[c])
         return [[b.load(a) for a in row] for row in acc]
+    if path == "i8mm":
+        return _tile_sums(b, words, qrows, k, starts, steps)
     run = INT16_RUN[name] if path == "avx2" else 1
     for first in range(0, len(steps), run):
         pairs = None  # AVX2: [row of x][group] the run's int16 pair sums, two halves
         for g in steps[first:first + run]:
             w = [b.bitcast(line, ir.VectorType(I8, 64)) for line in _weight_lines(b, words, 8, k, i64(g))]
             xbs = _x_fours(b, qrows, k, g)
-            if path == "vnni":
-                sums = [[vpdpbusd(b, sums[r][c], w[c], xb) for c in range(2)] for r, xb in enumerate(xbs)]
+            if path != "avx2":
+                dot = vpdpbusd if path == "vnni" else sdot
+                sums = [[dot(b, sums[r][c], w[c], xb) for c in range(2)] for r, xb in enumerate(xbs)]
                 continue
             step = [[pair_products(b, w[c], xb) for c in range(2)] for xb in xbs]
             pairs = step if pairs is None else [[[b.add(p, q) for p, q in zip(ps, qs)]
@@ -211,6 +236,32 @@ def _integer_sums(b, name, path, words, qrows, k, starts, steps):
             sums = [[b.add(s, pair_sums(b, p)) for s, p in zip(row_sums, row_pairs)]
                     for row_sums, row_pairs in zip(sums, pairs)]
     return sums
+
+
+def _tile_sums(b, words, qrows, k, starts, steps):
+    """_integer_sums on the i8mm path: per pair of rows of x and group of 16 weight rows, 8 tiles of 2 x 2
+    int32 sums (weight rows 2p, 2p + 1), smmla over the eights the steps (fours) span; then each row's lanes
+    in weight row order."""
+    sums = []
+    for pair in range(0, len(qrows), 2):
+        start = pick(b, splat(b, starts[pair], 2), splat(b, starts[pair + 1], 2), [0, 1, 2, 3])
+        tiles = [[start] * 8 for _ in range(2)]
+        for e in range(steps[0] // 2, (steps[-1] + 1) // 2):
+            rows = concatenated(b, [_x_eight(b, qrow, k, e) for qrow in qrows[pair:pair + 2]])
+            halves = [_weight_lines(b, words, 8, k, i64(2 * e + h)) for h in range(2)]  # [h][group]
+            for c in range(2):
+                w = [b.bitcast(half[c], ir.VectorType(I8, 64)) for half in halves]
+                cols = [lanes(b, w[p // 4], range(16 * (p % 4), 16 * (p % 4) + 16)) for p in range(8)]
+                tiles[c] = [smmla(b, tile, rows, col) for tile, col in zip(tiles[c], cols)]
+        for r in range(2):
+            order = [4 * (j // 2) + 2 * r + j % 2 for j in range(16)]
+            sums.append([lanes(b, concatenated(b, tiles[c]), order) for c in range(2)])
+    return sums
+
+
+def _x_eight(b, qrow, k, e):
+    """<8 x i8>: x's quants 8e..8e+7 of block k, in the row at qrow."""
+    return load_vector(b, b.gep(qrow, [b.add(b.mul(k, i64(32)), i64(8 * e))]), 0, I8, 8)
 
 
 def _weight_lines(b, words, count, k, g):

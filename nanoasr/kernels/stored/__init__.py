@@ -68,7 +68,7 @@ def matvec(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, ou
 def matvec_int8(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int, out: np.ndarray,
                 path: str) -> np.ndarray:
     """out[B, rows] = x[B, cols] @ W.T for W stored as `data` in `dtype` (q8_0, q4_k, q6_k), x quantized per
-    32-column block to int8 (int8/dot.py; path "vnni" or "avx2", see int8.dot.host_path)."""
+    32-column block to int8 (int8/dot.py; path one of int8.dot.PATHS, see int8.dot.host_path)."""
     if dtype not in MATVEC_INT8_KINDS:
         raise ValueError(f"int8 activations need q8_0, q4_k or q6_k weights; got {dtype!r}")
     data = _product_operands(x, data, dtype, rows, cols, out)
@@ -81,7 +81,7 @@ def gemm_int8(x: np.ndarray, data: np.ndarray, dtype: str, rows: int, cols: int,
               path: str) -> np.ndarray:
     """out[B, rows] = x[B, cols] @ W.T for W in `dtype` (q8_0, q4_k, q6_k), x quantized per 32-column block to
     int8 as matvec_int8 quantizes it, for many rows of x: the weights packed once for all of them
-    (int8/gemm.py; path "vnni" or "avx2": the same bits)."""
+    (int8/gemm.py; path one of int8.dot.PATHS: the same bits on each)."""
     if dtype not in MATVEC_INT8_KINDS:
         raise ValueError(f"int8 activations need q8_0, q4_k or q6_k weights; got {dtype!r}")
     data = _product_operands(x, data, dtype, rows, cols, out)
