@@ -18,6 +18,7 @@ from nanoasr.quant.quantize import quantize
 from nanoasr.realtime import Completed, LiveSession, Limits
 from nanoasr.tensor import StoredTensor
 from tools.lib.parity import full_sequence_logits, stage_outputs, teacher_forced_logits
+from tests.test_realtime import TONES
 from tools.lib.synth import speech_like
 
 SR = 16000
@@ -192,7 +193,7 @@ def fed_until_a_partial_reads_all(session, wave, after_s):
 def test_a_final_verifies_the_last_partial_in_one_forward(models, monkeypatch):
     """The final of an utterance that its last partial read whole: one forward, the plain transcript."""
     model = models["bf16", "exact"]
-    session = LiveSession(model, limits=Limits(partial_interval_s=0.5))
+    session = LiveSession(model, limits=Limits(partial_interval_s=0.5, vad=TONES))
     utterance = fed_until_a_partial_reads_all(session, tone(3.0), 1.5)
     calls = counting_forwards(monkeypatch)
     final = [e for e in session.commit() if isinstance(e, Completed)][0]
@@ -225,7 +226,7 @@ class Recording:
 
 def test_partials_and_finals_take_the_partials_before_them_as_drafts():
     model = Recording()
-    session = LiveSession(model, limits=Limits(partial_interval_s=0.5, partial_window_s=1.2))
+    session = LiveSession(model, limits=Limits(partial_interval_s=0.5, partial_window_s=1.2, vad=TONES))
     fed_until_a_partial_reads_all(session, tone(6.0), 4.0)
     session.commit()
     *partials, (_, final_draft) = model.calls
