@@ -193,8 +193,6 @@ def _transcripts(args, paths: list[str], options: dict):
     address = args.ray_address or os.environ.get("RAY_ADDRESS")
     where = dict(address=address) if address else dict(address="local", include_dashboard=False)
     if args.quiet:  # failures still come back, as the rows' errors: every other line Ray has is noise here
-        # Ray's C++ core logs to stderr itself (core_worker.cc); it reads its level from this variable only
-        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
         init_ray(logging_level=logging.ERROR, log_to_driver=False, **where)
         for name in ("ray", "ray.data"):
             logging.getLogger(name).setLevel(logging.ERROR)
