@@ -307,5 +307,6 @@ def compiled_signatures() -> dict:
 
     from numba.core.dispatcher import Dispatcher
 
+    # type(), not isinstance: some objects (numpy's npz attribute bag) raise on any attribute, __class__ too
     return {d: list(d.signatures) for d in gc.get_objects()
-            if isinstance(d, Dispatcher) and d.py_func.__module__.startswith("nanoasr.")}
+            if issubclass(type(d), Dispatcher) and d.py_func.__module__.startswith("nanoasr.")}

@@ -33,7 +33,7 @@ model, activations, audio = sys.argv[1:]
 Model.load(model, activations=activations).transcribe(audio)
 kernels = {f"{d.py_func.__module__}.{d.py_func.__qualname__}": [str(s) for s in d.signatures]
            for d in gc.get_objects()
-           if isinstance(d, Dispatcher) and d.py_func.__module__.startswith("nanoasr.") and d.signatures}
+           if issubclass(type(d), Dispatcher) and d.py_func.__module__.startswith("nanoasr.") and d.signatures}
 print(json.dumps(kernels))
 """
 
