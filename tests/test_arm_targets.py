@@ -192,32 +192,31 @@ def test_the_architecture_is_the_process_triples(monkeypatch, triple, arch):
         target.architecture.cache_clear()
 
 
-def test_no_int8_path_off_x86_whatever_the_features(monkeypatch):
+@pytest.fixture
+def fresh_host_path(monkeypatch):
+    """int8_dot.host_path asked afresh under the test's patches, its cached answer forgotten after them."""
+    int8_dot.host_path.cache_clear()
+    yield
+    monkeypatch.undo()
+    int8_dot.host_path.cache_clear()
+
+
+def test_no_int8_path_off_x86_whatever_the_features(monkeypatch, fresh_host_path):
     """The x86 paths' feature names decide nothing on another architecture."""
     monkeypatch.setattr(target, "features", lambda: {"avx2": True, "avx512vnni": True, "avx512bw": True})
+    monkeypatch.setattr(target, "architecture", lambda: "x86_64")
+    assert int8_dot.host_path() == "vnni"
     int8_dot.host_path.cache_clear()
-    try:
-        monkeypatch.setattr(target, "architecture", lambda: "x86_64")
-        assert int8_dot.host_path() == "vnni"
-        int8_dot.host_path.cache_clear()
-        monkeypatch.setattr(target, "architecture", lambda: "aarch64")
-        assert int8_dot.host_path() is None
-    finally:
-        monkeypatch.undo()
-        int8_dot.host_path.cache_clear()
+    monkeypatch.setattr(target, "architecture", lambda: "aarch64")
+    assert int8_dot.host_path() is None
 
 
 @pytest.mark.parametrize("features, path", [(("neon",), None), (("neon", "dotprod"), "dotprod"),
                                             (("neon", "dotprod", "i8mm"), "i8mm"), (("neon", "i8mm"), None)])
-def test_the_aarch64_int8_path_follows_dotprod_and_i8mm(monkeypatch, features, path):
+def test_the_aarch64_int8_path_follows_dotprod_and_i8mm(monkeypatch, fresh_host_path, features, path):
     monkeypatch.setattr(target, "features", lambda: dict.fromkeys(features, True))
     monkeypatch.setattr(target, "architecture", lambda: "aarch64")
-    int8_dot.host_path.cache_clear()
-    try:
-        assert int8_dot.host_path() == path
-    finally:
-        monkeypatch.undo()
-        int8_dot.host_path.cache_clear()
+    assert int8_dot.host_path() == path
 
 
 ARM_INT8 = """
