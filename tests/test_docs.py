@@ -172,8 +172,8 @@ def test_every_command_is_walked_or_skipped_with_a_reason():
 def test_the_readme_test_command_is_the_one_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     install = next(line for line in ci.splitlines() if line.startswith("pip install torch=="))
-    assert "\npython -m pytest\n" in ci
-    command = f"{install} && python -m pytest"
+    assert "\npython -m pytest -n 2\n" in ci
+    command = f"{install} && python -m pytest -n 2"
     for doc in (ROOT / "README.md", ROOT / "docs" / "development.md"):
         assert command in shell_commands(doc), doc
 
