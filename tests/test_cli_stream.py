@@ -4,9 +4,12 @@ import io
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import threading
 import time
+import types
 
 import numpy as np
 import soundfile as sf
@@ -78,3 +81,80 @@ def test_realtime_paces_the_input(tiny_dir):
     done = run_cli(["-", "--format", "s16le", "--model", str(tiny_dir), "--realtime"], quiet)
     assert done.returncode == 0 and done.stdout == b""
     assert time.monotonic() - started >= 0.9
+
+
+class FakeSoundDevice(types.ModuleType):
+    """sounddevice's surface that `--mic` uses, recording `pcm` (int16 at `rate`) in blocks on its own thread
+    and then pressing Ctrl-C, as a person at a microphone would."""
+
+    class PortAudioError(Exception):
+        pass
+
+    def __init__(self, pcm: bytes, rate: int):
+        super().__init__("sounddevice")
+        self.pcm, self.rate, self.opened = pcm, rate, []
+
+    def query_devices(self, device, kind):
+        if device == "nosuch":
+            raise ValueError("No input device matching 'nosuch'")
+        return {"default_samplerate": float(self.rate)}
+
+    def RawInputStream(self, samplerate, channels, dtype, device, blocksize, callback):
+        assert (samplerate, channels, dtype) == (self.rate, 1, "int16")
+        self.opened.append(device)
+        return FakeStream(self.pcm, blocksize * 2, callback)
+
+
+class FakeStream:
+    def __init__(self, pcm, block_bytes, callback):
+        self.thread = threading.Thread(target=self.record, args=(pcm, block_bytes, callback))
+
+    def record(self, pcm, block_bytes, callback):
+        for at in range(0, len(pcm), block_bytes):
+            callback(pcm[at:at + block_bytes], block_bytes // 2, None, None)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.thread.join()
+
+
+def test_a_microphone_until_ctrl_c_gives_the_events_of_the_same_pcm_from_a_pipe(tiny_dir, fast_model,
+                                                                                  monkeypatch, capsys):
+    clip, _ = utterances_clip()
+    at_48k = soxr.resample(clip, 16000, 48000, "HQ")
+    raw = (np.clip(at_48k, -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
+    options = ["--model", str(tiny_dir), "--threads", "1", "--json", "--silence-ms", "500", "--vad", "energy"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw)))
+    assert main(["stream", "-", "--format", "s16le", "--rate", "48000", *options]) == 0
+    piped = capsys.readouterr().out
+    device = FakeSoundDevice(raw, 48000)
+    monkeypatch.setitem(sys.modules, "sounddevice", device)
+    assert main(["stream", "--mic", "--input-device", "2", *options]) == 0
+    assert device.opened == [2]
+    recorded = capsys.readouterr().out
+    assert recorded == piped
+    finals = [json.loads(line) for line in recorded.splitlines() if '"completed"' in line]
+    wave = soxr.resample(np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, 48000, 16000, "HQ")
+    assert len(finals) == 3
+    for final in finals:
+        audio = wave[round(final["start"] * 1000) * 16:round(final["end"] * 1000) * 16]
+        assert final["text"] == fast_model.transcribe(audio, sample_rate=16000).text
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_microphone_is_checked_before_the_model_loads(monkeypatch, capsys, tmp_path):
+    missing_model = str(tmp_path / "no-model-here")
+    monkeypatch.setitem(sys.modules, "sounddevice", None)  # not installed
+    assert main(["stream", "--mic", "--model", missing_model]) == 1
+    assert 'the \'mic\' extra (sounddevice): pip install ".[mic]"' in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "sounddevice", FakeSoundDevice(b"", 16000))
+    assert main(["stream", "--mic", "--input-device", "nosuch", "--model", missing_model]) == 1
+    err = capsys.readouterr().err
+    assert "no microphone to record from (No input device matching 'nosuch')" in err and "model" not in err
+    assert main(["stream", "clip.wav", "--mic"]) == 2
+    assert main(["stream", "--input-device", "1"]) == 2

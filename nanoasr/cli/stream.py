@@ -5,12 +5,16 @@ a recorder is transcribed while it runs; any other input is decoded first (nanoa
 and what ffmpeg reads) and then streamed. `--realtime` paces the audio as if it were live; otherwise it goes
 as fast as decoding allows. On a terminal the partial text of the utterance under way is rewritten in place
 and each final ends its line; into a pipe only finals are printed, one per line; `--json` prints every event
-as a JSON line. Exit status as in nanoasr.cli.
+as a JSON line. `--mic` records from a microphone instead (the `mic` extra: sounddevice and PortAudio) until
+Ctrl-C, which ends the recording like the end of a file: the utterance under way still gets its final.
+Exit status as in nanoasr.cli.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import queue
+import signal
 import sys
 import time
 
@@ -26,6 +30,8 @@ PROG = "nanoasr stream"
 STDIN = "-"
 CHUNK_S = 0.1  # audio handed to the session at once: the pacing step of --realtime
 MAX_RAW_RATE = 384_000
+MIC_BACKLOG_S = 60  # recorded audio waiting for the decoder; more and the transcription has fallen behind
+MIC_INSTALL = 'pip install ".[mic]" in the nanoasr checkout'
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rate", type=positive(int), default=SAMPLE_RATE,
                         help="sample rate of raw input, Hz")
     parser.add_argument("--realtime", action="store_true", help="pace the input as live audio")
+    parser.add_argument("--mic", action="store_true",
+                        help="record from a microphone until Ctrl-C (needs the mic extra)")
+    parser.add_argument("--input-device", default=None, metavar="DEVICE",
+                        help="with --mic: the input device's number or a part of its name (default: the "
+                             "system's)")
     parser.add_argument("--json", action="store_true", help="every event as a JSON line")
     parser.add_argument("--model", default=None,
                         help="checkpoint directory, .gguf or model.pt file, hub id or package name")
@@ -65,9 +76,14 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.rate > MAX_RAW_RATE:
         parser.error(f"--rate must be at most {MAX_RAW_RATE}; got {args.rate}")
+    if args.mic and (args.input != STDIN or args.format != "auto" or args.realtime):
+        parser.error("--mic records from the microphone: give no input, --format or --realtime with it")
+    if args.input_device is not None and not args.mic:
+        parser.error("--input-device chooses the microphone: use it with --mic")
     with (library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)),
           compile_notice(lambda message: print(f"{PROG}: {message}", file=sys.stderr, flush=True))):
         try:
+            microphone = Microphone.find(args.input_device) if args.mic else None
             session = _session(args)
         except OptionError as exc:
             error(PROG, exc)
@@ -76,7 +92,8 @@ def main(argv: list[str]) -> int:
             error(PROG, exc)
             return EXIT_FAILED
         try:
-            _run(session, _chunks(args), Printer(args.json, sys.stdout), args.realtime)
+            chunks = microphone.chunks() if microphone is not None else _chunks(args)
+            _run(session, chunks, Printer(args.json, sys.stdout), args.realtime)
         except (NanoasrError, OSError) as exc:
             error(PROG, exc)
             return EXIT_FAILED
@@ -98,7 +115,7 @@ def _session(args):
 def _chunks(args):
     """The input as [N] float32 chunks at 16 kHz of at most CHUNK_S seconds, read as they are needed."""
     if args.format == "s16le":
-        return _raw_chunks(_open(args.input), args.rate)
+        return _file_chunks(_open(args.input), args.rate)
     from nanoasr.audio.io import load_audio
 
     wave = load_audio(sys.stdin.buffer.read() if args.input == STDIN else args.input)
@@ -110,24 +127,93 @@ def _open(path: str):
     return sys.stdin.buffer if path == STDIN else open(path, "rb")
 
 
-def _raw_chunks(file, rate: int):
-    """PCM16 mono little-endian at `rate`, read CHUNK_S at a time and resampled to 16 kHz as it comes."""
+def _file_chunks(file, rate: int):
+    with file:
+        yield from _raw_chunks(file.read, rate)
+
+
+def _raw_chunks(read, rate: int):
+    """PCM16 mono little-endian at `rate` from read(n bytes) (b"": the end), CHUNK_S at a time, resampled to
+    16 kHz as it comes."""
     import soxr
 
     resampler = None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32",
                                                                      quality="HQ")
     odd = b""
-    with file:
-        while True:
-            data = odd + file.read(int(CHUNK_S * rate) * 2)
-            if len(data) <= len(odd):
-                break
-            whole = len(data) // 2 * 2
-            data, odd = data[:whole], data[whole:]
-            samples = np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
-            yield samples if resampler is None else resampler.resample_chunk(samples)
+    while True:
+        data = odd + read(int(CHUNK_S * rate) * 2)
+        if len(data) <= len(odd):
+            break
+        whole = len(data) // 2 * 2
+        data, odd = data[:whole], data[whole:]
+        samples = np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
+        yield samples if resampler is None else resampler.resample_chunk(samples)
     if resampler is not None:
         yield resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+
+
+class Microphone:
+    """A sounddevice input stream, 16-bit mono at the device's own rate, read as CHUNK_S blocks through a queue
+    that holds what was recorded while the decoder was busy (at most MIC_BACKLOG_S: past that, an error)."""
+
+    def __init__(self, sounddevice, device, rate: int):
+        self.sounddevice, self.device, self.rate = sounddevice, device, rate
+        self.blocks: queue.Queue[bytes] = queue.Queue(maxsize=round(MIC_BACKLOG_S / CHUNK_S))
+        self.overflowed = False
+        self.stop = False
+
+    @classmethod
+    def find(cls, device: str | None) -> Microphone:
+        """The microphone to record from, checked before the model loads (NanoasrError if there is none)."""
+        try:
+            import sounddevice
+        except ImportError:
+            raise NanoasrError(f"--mic needs the 'mic' extra (sounddevice): {MIC_INSTALL}") from None
+        except OSError as exc:  # sounddevice imports, but finds no PortAudio library
+            raise NanoasrError(f"--mic needs the PortAudio library ({exc}); on Debian or Ubuntu: "
+                               "apt install libportaudio2") from None
+        chosen = int(device) if device is not None and device.isdigit() else device
+        try:
+            info = sounddevice.query_devices(chosen, "input")
+        except (ValueError, sounddevice.PortAudioError) as exc:
+            raise NanoasrError(f"no microphone to record from ({exc})") from None
+        return cls(sounddevice, chosen, int(info["default_samplerate"]))
+
+    def chunks(self):
+        """[N] float32 chunks at 16 kHz until Ctrl-C; a second Ctrl-C interrupts at once."""
+        stream = self.sounddevice.RawInputStream(samplerate=self.rate, channels=1, dtype="int16",
+                                                 device=self.device, blocksize=round(CHUNK_S * self.rate),
+                                                 callback=self._recorded)
+        previous = signal.signal(signal.SIGINT, self._interrupted)
+        try:
+            with stream:
+                yield from _raw_chunks(self.read, self.rate)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _recorded(self, data, frames, time_info, status) -> None:  # on PortAudio's thread
+        if self.stop:
+            return
+        try:
+            self.blocks.put_nowait(bytes(data))
+        except queue.Full:
+            self.overflowed = True
+
+    def _interrupted(self, signum, frame) -> None:
+        self.stop = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def read(self, size: int) -> bytes:
+        """The next recorded block (the stream's size, not `size`); after Ctrl-C the blocks recorded before it,
+        then b""."""
+        while True:
+            if self.overflowed:
+                raise NanoasrError(f"the transcription fell more than {MIC_BACKLOG_S} s behind the microphone")
+            try:
+                return self.blocks.get(timeout=CHUNK_S)
+            except queue.Empty:
+                if self.stop:
+                    return b""
 
 
 def _run(session, chunks, printer, realtime: bool) -> None:
