@@ -9,8 +9,8 @@ with other work, or with a second transcription, they took the cores the working
 Pages: the copy is one anonymous buffer that asks the OS for 2 MiB pages. Every decode step streams all of the
 decoder's matrices. Read through the checkpoint's file mapping where the page cache holds the file in 4 KiB
 pages (nanoasr/formats/mapping.py says when) they stream measurably slower than from 2 MiB pages
-(`tools/bench/bench.py --huge-pages both`, docs/reports/performance.md; the likely causes: a page walk every
-4 KiB, and hardware prefetch stopping at page edges). Matrices that view a file mapping are read from the file
+(`tools/bench/bench.py --huge-pages both`; the likely causes: a page walk every 4 KiB, and hardware
+prefetch stopping at page edges). Matrices that view a file mapping are read from the file
 into the buffer, not copied through the mapping, and the mapping's pages under them are let go, so that the
 process does not hold both. Linux gives huge pages to memory that asks for them (madvise) when transparent
 huge pages are "always" or "madvise"; elsewhere the buffer is ordinary memory.

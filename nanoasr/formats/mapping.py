@@ -2,8 +2,8 @@
 
 Every decode step streams all of the decoder's matrices from the checkpoint's mapping. How fast depends on
 the page cache: where it holds the file in 2 MiB folios the kernel maps them with 2 MiB pages, and a step
-reads measurably faster than through 4 KiB pages (docs/reports/performance.md; `tools/bench/bench.py` reports
-the share of the weights so mapped). Where the file system keeps large folios in the page cache (ext4 on
+reads measurably faster than through 4 KiB pages (`tools/bench/bench.py` reports the share of
+the weights so mapped). Where the file system keeps large folios in the page cache (ext4 on
 Linux 6.18 here), reading a file from disk fills the cache with large folios, but writing one leaves it in
 4 KiB folios until they are evicted. So the files nanoasr writes or downloads are flushed and let go of
 the page cache (`leave_page_cache`): their first load reads them from disk, in large folios. The mappings

@@ -52,9 +52,8 @@ def weight_prefetch() -> WeightPrefetch:
     the int8 GEMM), chosen by the host's cache hierarchy (not the compile target: it is the memory that
     differs). On AMD's Zen cores a prefetch into L1 two row pairs ahead held the streamed decode products to
     about half the read bandwidth; into L2 eight rows ahead a decoder step's products ran 1.4-2.0x faster,
-    except float32 rows over Q4_K, which their arithmetic holds (tools/bench/kernel_bench.py on a Zen 4:
-    docs/reports/performance.md). Elsewhere the prefetch into L1 two row pairs ahead that the Intel Xeon
-    was tuned with."""
+    except float32 rows over Q4_K, which their arithmetic holds (tools/bench/kernel_bench.py on a Zen 4).
+    Elsewhere the prefetch into L1 two row pairs ahead that the Intel Xeon was tuned with."""
     import llvmlite.binding as llvm
 
     zen = llvm.get_host_cpu_name().startswith("znver")

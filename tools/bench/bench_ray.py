@@ -1,7 +1,7 @@
 """Throughput of nanoasr.ray.transcribe_dataset with 1 and 2 workers (1 thread each) on a local Ray runtime.
 
     python tools/bench/bench_ray.py --model CKPT [--model other.gguf ...] [--files 12] [--seconds 5]
-                                    [--tokens 24] [--workers 1 2] [--report docs/reports/ray.md]
+                                    [--tokens 24] [--workers 1 2] [--report FILE]
 
 Every configuration transcribes the same synthesized clips (speech-like audio, `--seconds` long) with exactly
 `--tokens` decoded per clip (ignore_stop), so each file is the same work. Files/s and audio-seconds/s are

@@ -53,7 +53,7 @@ X_ROWS = 4  # rows of x per kernel call: 8 int32 and 8 float32 accumulators of 1
 # 32-value blocks of a row that all rows of x meet before the next ones. AVX2: 16, 512 values: 16 KiB of
 # packed fours, which stay in the core's first-level cache while every row reads them (twice that overflowed
 # it), and 32 KiB of Q8_0's pairs, which a call's two rows share (half that split the encoder's products of
-# 512 columns in two; many_rows.md). VNNI, four rows a call: the whole panel
+# 512 columns in two; tools/bench/gemm_bench.py --isa avx2). VNNI, four rows a call: the whole panel
 K_CHUNK_BLOCKS = {"vnni": 1 << 40, "avx2": 16, "dotprod": 1 << 40, "i8mm": 1 << 40}
 # Values of a row a panel is packed by at a time, a group of 16 rows after the other, block by block across
 # the group's rows: the chunk of each row is read in a run of 1024 values, and the run after it is prefetched
