@@ -208,3 +208,17 @@ def test_the_commands_of_a_document_run_as_written(doc, tiny_dir, tmp_path):
         assert page.read_text() == text, f"docs/{page.name} is out of date: run the command it ends with"
     if left_out:
         pytest.skip(f"ffmpeg is not installed; left out: {left_out}")
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_every_relative_link_of_the_docs_names_a_file_that_exists():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "tools" / "README.md"]
+    broken = []
+    for page in pages:
+        for target in LINK.findall(page.read_text()):
+            path = target.split("#")[0]
+            if path and not re.match(r"^[a-z]+:", path) and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken
