@@ -58,9 +58,12 @@ def transcriptions(args, count: int, hogs: int) -> list[dict]:
     (blas None where OpenBLAS's threads cannot be told)."""
     env = environ_without_blas_vars("native")
     env["PYTHONPATH"] = str(Path(args.tree).resolve())
-    child = json.dumps({"model": args.model, "threads": args.threads, "activations": args.activations,
-                        "seconds": args.seconds, "tokens": args.tokens})
-    runs = [subprocess.Popen([sys.executable, "-c", CHILD, child], env=env, stdin=subprocess.PIPE,
+    model = os.path.abspath(args.model) if os.path.exists(args.model) else args.model  # a path, or a hub id
+    child = json.dumps({"model": model, "threads": args.threads,
+                        "activations": args.activations, "seconds": args.seconds, "tokens": args.tokens})
+    # run in the tree: `python -c` puts the working directory before PYTHONPATH, and another checkout's nanoasr
+    # would be imported from there
+    runs = [subprocess.Popen([sys.executable, "-c", CHILD, child], env=env, cwd=args.tree, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True) for _ in range(count)]
     busy = []
     try:
