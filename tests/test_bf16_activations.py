@@ -224,11 +224,10 @@ def test_bf16_activations_mark_the_bf16_matrices_only():
     placed = bf16.place(tensors, set())
     assert {k: t.activations for k, t in placed.items()} == {
         "q8_0": "exact", "f16": "exact", "f32": "exact", "bf16": "bf16"}
-    assert bf16.numba_products(placed) == (amx.available() or bf16_gemm.available())
-    without_bf16 = {k: t for k, t in tensors.items() if k != "bf16"}
-    assert not bf16.numba_products(bf16.place(without_bf16, set()))
+    # numba's threads run the many-row products whatever the weights are placed for: the tiles, the bf16
+    # GEMM, or BLAS on each of them
     exact = with_activations(CPU, "exact")
-    assert not exact.numba_products(exact.place(tensors, set()))
+    assert bf16.numba_products(placed) and exact.numba_products(exact.place(tensors, set()))
 
 
 def forced_logits(model, steps=6):

@@ -226,3 +226,50 @@ def test_cpu_masking_skips_the_masked_copy_when_nothing_is_masked(monkeypatch):
     ops.mask_inplace(scores, np.array([[True, False, True]]))
     assert len(twin) == 1 and np.isneginf(scores[:, 1]).all()
     np.testing.assert_array_equal(scores[:, ::2], kept[:, ::2])
+
+
+needs_two_threads = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two numba threads")
+
+
+@needs_two_threads
+@pytest.mark.parametrize("dtype, numba_products, split", [("f32", True, True), ("bf16", True, True),
+                                                          ("f32", False, False)])
+def test_float32_weight_products_share_runs_of_rows_where_numba_runs_the_products(
+        monkeypatch, dtype, numba_products, split):
+    """The float32 path's many-row products (exact rows; a BF16 matrix widened first where the CPU has no bf16
+    products) go to blas_split where BLAS is kept to the calling thread: its runs of W's rows are BLAS calls
+    on numba's threads, equal to the float64 product within float32 rounding."""
+    from nanoasr.kernels import blas_split
+
+    calls = record(monkeypatch, blas_split, "_split_rows_matmul")
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 512)).astype(np.float32)  # 64 * 512 * 700 > SPLIT_MACS
+    dense = rng.standard_normal((700, 512)).astype(np.float32)
+    data = dense if dtype == "f32" else (dense.view(np.uint32) >> 16).astype(np.uint16)
+    w = StoredTensor(data, dtype, dense.shape)
+    with host.threads(2, numba_products=numba_products):
+        got = ops.linear(x, w)
+    assert len(calls) == split
+    want = x.astype(np.float64) @ widen(w).astype(np.float64).T
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@needs_two_threads
+def test_runs_of_rows_are_each_one_blas_call_on_one_thread(monkeypatch):
+    """Each thread's run (whole multiples of ROW_RUN rows, the last the rest) is one BLAS call: the bits of
+    numpy multiplying the same runs one after another with BLAS on one thread."""
+    from threadpoolctl import threadpool_limits
+
+    from nanoasr.kernels import blas_split
+
+    monkeypatch.setattr(blas_split, "SPLIT_MACS", 0)
+    rng = np.random.default_rng(8)
+    x, w = rng.standard_normal((33, 96)).astype(np.float32), rng.standard_normal((200, 96)).astype(np.float32)
+    with host.threads(2, numba_products=True):
+        got = blas_split.matmul(x, w)
+        assert blas_split.matmul(x, w[:blas_split.ROW_RUN]) is None  # one run: nothing to share
+        assert blas_split.matmul(x.astype(np.float64), w) is None
+    with threadpool_limits(limits=1, user_api="blas"):
+        want = np.concatenate([x @ w[:128].T, x @ w[128:].T], axis=1)  # runs of 2 and 2 (of 4) ROW_RUNs
+    assert blas_split.ROW_RUN == 64
+    np.testing.assert_array_equal(got, want)

@@ -4,10 +4,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from nanoasr.backend import host
+
+ROOT = Path(__file__).resolve().parents[1]
 
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "NUMBA_THREADING_LAYER",
                   "OPENBLAS_THREAD_TIMEOUT")
@@ -56,3 +59,50 @@ def test_a_wait_policy_the_user_set_stands():
 def test_a_threading_layer_the_user_chose_stands():
     seen, _ = probe(NUMBA_THREADING_LAYER="workqueue")
     assert seen["policy"] == ["workqueue", "its own (sleeps when idle)"]
+
+
+needs_two_cores = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores: BLAS's pool and "
+                                     "numba's have one thread each on one")
+# Run in a fresh process: OpenBLAS's own threads are those beside the main one once numpy is imported (it
+# starts them as it loads); their CPU time is counted in clock ticks by the OS, and is zero while they never run.
+BLAS_PROBE = """
+import json, sys, threading
+import numpy as np
+import psutil
+process = psutil.Process()
+blas = {t.id for t in process.threads()} - {threading.get_native_id()}
+from nanoasr.api import Model
+from nanoasr.backend import host
+from nanoasr import ops
+from nanoasr.tensor import StoredTensor
+
+def blas_seconds():
+    return sum(t.user_time + t.system_time for t in process.threads() if t.id in blas)
+
+model = Model.load(sys.argv[1], threads=2, activations="exact")
+scope = model.thread_scope() if sys.argv[2] == "model" else host.threads(2)
+rng = np.random.default_rng(0)
+x = rng.standard_normal((256, 1024)).astype(np.float32)
+w = StoredTensor(rng.standard_normal((1024, 1024)).astype(np.float32), "f32", (1024, 1024))
+q, k = (rng.standard_normal((1, 8, 300, 64)).astype(np.float32) for _ in range(2))
+with scope:
+    before = blas_seconds()
+    for _ in range(20):
+        ops.linear(x, w), ops.products(q, k)
+    print(json.dumps({"workers": len(blas), "seconds": blas_seconds() - before}))
+"""
+
+
+@needs_two_cores
+def test_blas_own_threads_never_run_inside_a_float32_models_thread_scope(tiny_dir):
+    """The float32 path's large products (a weight product of the encoder or prefill, attention's) inside the
+    model's thread scope run BLAS on numba's threads, never on BLAS's own, whose idle threads spin for a while
+    after each call; the same products in a scope that leaves BLAS its threads (the control) run them."""
+    seen = {}
+    for scope in ("model", "blas pool"):
+        done = subprocess.run([sys.executable, "-c", BLAS_PROBE, str(tiny_dir), scope], capture_output=True,
+                              text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert done.returncode == 0, done.stderr
+        seen[scope] = json.loads(done.stdout)
+    assert seen["model"]["workers"] >= 1
+    assert seen["model"]["seconds"] == 0 and seen["blas pool"]["seconds"] > 0, seen

@@ -82,8 +82,9 @@ class Backend:
         return self._table.plan(weights, threads, self.huge_pages)
 
     def numba_products(self, weights: dict) -> bool:
-        """Whether numba's threads run every large product over these placed weights (AMX tiles), so that a
-        forward over them runs best inside threads(..., numba_products=True)."""
+        """Whether numba's threads run every large product over these placed weights (their own kernels, or
+        BLAS on each of them), so that a forward over them runs best inside threads(..., numba_products=True):
+        always on the CPU (cpu.numba_products), never on CUDA."""
         return self._table.numba_products(weights)
 
 

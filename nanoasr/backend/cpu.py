@@ -135,9 +135,18 @@ def stored_matmul(rows, w: StoredTensor):  # [n, in] x stored W[out, in] -> [n, 
         return stored.matvec(x, w.data, w.dtype, out_features, in_features,
                              np.empty((len(x), out_features), np.float32))
     if w.dtype == "f32":
-        return x @ w.data.T
+        return _float_products(x, w.data)
     wide = stored.widen(w.data, w.dtype, out_features, in_features, _widen_buffer(out_features, in_features))
-    return x @ wide.T
+    return _float_products(x, wide)
+
+
+def _float_products(x, w):  # float32 [n, in] @ [out, in].T: where BLAS is kept to the calling thread, runs
+    # of w's rows on each of numba's threads (blas_split)
+    if NUMBA_PRODUCTS.get():
+        out = blas_split.matmul(x, w)
+        if out is not None:
+            return out
+    return x @ w.T
 
 
 def bf16_kernel():
@@ -147,10 +156,12 @@ def bf16_kernel():
 
 
 def numba_products(weights: dict) -> bool:
-    """Whether numba's kernels run the large products: AMX tiles or the bf16 GEMM for weights placed for bf16
-    activations, the int8 GEMM for weights placed for int8 activations, where this CPU has them."""
-    marks = {getattr(t, "activations", None) for t in weights.values()}
-    return bf16_kernel() is not None and "bf16" in marks or host_path() is not None and "int8" in marks
+    """Whether numba's threads run the large products: on the CPU always, whatever the weights. AMX tiles or
+    the bf16 GEMM take weights placed for bf16 activations, the int8 GEMM those placed for int8 activations,
+    where this CPU has them; every other large product (float32 rows: activations "exact", or BF16 weights on
+    a CPU without bf16 products) is BLAS on each of numba's threads (blas_split), so that BLAS's own threads,
+    which spin for a while after each call, never run."""
+    return True
 
 
 def plan(weights: dict, threads: int | None, huge_pages: bool):

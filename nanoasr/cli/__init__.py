@@ -69,9 +69,9 @@ def _stdout_to_devnull() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
 
 
-def error(prog: str, message) -> None:
-    """One error line on stderr, whatever names the message holds (one_line)."""
-    print(one_line(f"{prog}: error: {message}"), file=sys.stderr, flush=True)
+def error(prog: str, message, file=None) -> None:
+    """One error line on stderr (or `file`), whatever names the message holds (one_line)."""
+    print(one_line(f"{prog}: error: {message}"), file=sys.stderr if file is None else file, flush=True)
 
 
 def one_line(text) -> str:

@@ -13,6 +13,7 @@ still done) or Ray could not run the job, 2 usage error, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -27,11 +28,13 @@ from nanoasr.writers import json_text, write_whole
 
 PROG = "nanoasr batch"
 MANIFEST = "manifest.jsonl"
+RAY_LOG = "ray.log"  # what Ray writes to stderr under -q
 EPILOG = """\
 Files are written as the main command's -o writes them, DIR/<name>.<format>, each one complete or not at
 all, and DIR/manifest.jsonl gets one line per input once its files are written: {"path", "status" (ok or
 error), "outputs" (below DIR), "seconds", "duration_s", "error"}. Running the same command again skips the
-inputs done already (status ok, files present) and retries the rest. An input whose name Ray cannot
+inputs done already (status ok, files present) and retries the rest. Under -q, what Ray itself writes to
+stderr is appended to DIR/ray.log instead. An input whose name Ray cannot
 carry (bytes that are not UTF-8, a tab, newline or carriage return) gets its error line without Ray;
 `nanoasr FILE` reads such names. Inputs longer than --max-duration (an hour unless raised) are refused.
 Exit status: 0 all inputs transcribed, 1 some failed, 2 usage error, 130 interrupted.
@@ -69,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_duration_option(output, "each with its error")
     output.add_argument("-v", "--verbose", action="store_true", help="a line for each input done")
     output.add_argument("-q", "--quiet", action="store_true",
-                        help="no Ray progress bars, Ray logs or workers' output, and no closing summary line")
+                        help="no Ray progress bars, Ray logs or workers' output (what Ray writes to stderr goes to "
+                             "DIR/ray.log), and no closing summary line")
     return parser
 
 
@@ -98,13 +102,11 @@ def main(argv: list[str]) -> int:
     transcribe.check_collisions(list(items.values()), out_dir, parser)
     for line in failures:
         error(PROG, line)
-    with library_warnings(lambda message: print(one_line(f"{PROG}: warning: {message}"), file=sys.stderr,
-                                                flush=True)):
-        try:
-            return _run(args, items, formats, options, out_dir, failed=len(failures))
-        except OSError as exc:  # the output directory or the manifest cannot be written
-            error(PROG, exc)
-            return EXIT_FAILED
+    try:
+        return _run(args, items, formats, options, out_dir, failed=len(failures))
+    except OSError as exc:  # the output directory or the manifest cannot be written
+        error(PROG, exc)
+        return EXIT_FAILED
 
 
 def _key(item) -> str:
@@ -115,24 +117,37 @@ def _key(item) -> str:
 # --- the run ---------------------------------------------------------------------------------------------
 
 class Tally:
-    """Counts, the per-input lines of --verbose, and the closing summary."""
+    """Counts, nanoasr's own lines (errors, warnings, those of --verbose) and the closing summary."""
 
     def __init__(self, args, todo: int, skipped: int, failed: int):
         self.verbose, self.quiet = args.verbose, args.quiet
         self.todo, self.skipped, self.failed, self.ok = todo, skipped, failed, 0
         self.started = time.perf_counter()
+        self.stream = sys.stderr  # where its lines go: the original stderr while Ray's is put aside (-q)
+        self.ray_log: Path | None = None  # where Ray's stderr went, if put aside
+
+    def error(self, message) -> None:
+        error(PROG, message, file=self.stream)
+
+    def warn(self, message) -> None:
+        print(one_line(f"{PROG}: warning: {message}"), file=self.stream, flush=True)
+
+    def ray_failed(self, message: str) -> int:
+        """The error line of a run Ray could not do, naming where Ray's own lines went under -q."""
+        self.error(message if self.ray_log is None else f"{message} (Ray's log: {self.ray_log})")
+        return EXIT_FAILED
 
     def done(self, item, line: dict) -> None:
         if line["status"] == "ok":
             self.ok += 1
         else:
             self.failed += 1
-            error(PROG, line["error"])
+            self.error(line["error"])
         if self.verbose:
             finished = self.ok + self.failed
             audio = f"{line['duration_s']:.1f} s of audio" if line["duration_s"] is not None else "failed"
             done = f"{PROG}: [{finished}/{self.todo}] {item.label}: {audio} in {line['seconds']:.1f} s"
-            print(one_line(done), file=sys.stderr, flush=True)
+            print(one_line(done), file=self.stream, flush=True)
 
     def summary(self, manifest_path: Path) -> int:
         if not self.quiet:
@@ -148,31 +163,74 @@ def _run(args, items: dict, formats, options: dict, out_dir: Path, failed: int) 
             if not manifest.done(key, [out_dir / f"{item.stem}.{fmt}" for fmt in formats])}
     manifest.forget(todo)
     tally = Tally(args, len(todo), len(items) - len(todo), failed)
-    for key in list(todo):  # each of these would fail the whole Ray job, not its own row
-        problem = _unreadable(key)
-        if problem is not None:
-            item = todo.pop(key)
-            tally.done(item, manifest.add(key, "error", error=f"{one_line(item.label)}: {problem}"))
-    if todo:
-        try:
-            rows = _transcripts(args, list(todo), options)
-        except ImportError as exc:
-            error(PROG, exc)
-            return EXIT_FAILED
-        except (ConnectionError, RuntimeError, UnicodeError) as exc:  # ray.init: no cluster, or refused
-            error(PROG, f"cannot start or join Ray: {exc}")
-            return EXIT_FAILED
-        import ray
+    with library_warnings(tally.warn):
+        for key in list(todo):  # each of these would fail the whole Ray job, not its own row
+            problem = _unreadable(key)
+            if problem is not None:
+                item = todo.pop(key)
+                tally.done(item, manifest.add(key, "error", error=f"{one_line(item.label)}: {problem}"))
+        if todo:
+            try:
+                from nanoasr.ray import require_ray
 
-        try:
-            for row in rows.iter_rows():
-                item = todo[row["path"]]
-                lines = (args.max_line_width, args.max_line_count)
-                tally.done(item, _finish(row, item, formats, out_dir, manifest, lines))
-        except ray.exceptions.RayError as exc:
-            error(PROG, f"the Ray job failed: {_last_line(exc)}")
-            return EXIT_FAILED
+                ray = require_ray()
+            except ImportError as exc:
+                tally.error(exc)
+                return EXIT_FAILED
+            with _ray_stderr_aside(out_dir / RAY_LOG if args.quiet else None, tally, ray):
+                code = _on_ray(args, todo, options, formats, out_dir, manifest, tally)
+            if code is not None:
+                return code
     return tally.summary(manifest.path)
+
+
+def _on_ray(args, todo: dict, options: dict, formats, out_dir: Path, manifest: "Manifest", tally: Tally):
+    """The inputs of `todo` transcribed on Ray, each one's files and manifest line written as its row comes
+    back; EXIT_FAILED when Ray could not run the job, else None."""
+    import ray
+
+    try:
+        rows = _transcripts(args, list(todo), options)
+    except (ConnectionError, RuntimeError, UnicodeError) as exc:  # ray.init: no cluster, or refused
+        return tally.ray_failed(f"cannot start or join Ray: {exc}")
+    try:
+        for row in rows.iter_rows():
+            item = todo[row["path"]]
+            lines = (args.max_line_width, args.max_line_count)
+            tally.done(item, _finish(row, item, formats, out_dir, manifest, lines))
+    except ray.exceptions.RayError as exc:
+        return tally.ray_failed(f"the Ray job failed: {_last_line(exc)}")
+    return None
+
+
+@contextlib.contextmanager
+def _ray_stderr_aside(log: Path | None, tally: Tally, ray):
+    """With a `log` (-q): the process's stderr, file descriptor 2, appended to `log` from before Ray starts
+    until it is shut down, and tally's lines sent to the original stderr meanwhile. Ray's C++ core writes
+    its error lines to descriptor 2 itself, whatever Ray's Python logging is set to (an actor whose
+    constructor arguments are in the object store, as Ray Data's always are, gets one such line), and Ray's
+    Python logging writes to whatever sys.stderr is when it logs: both land in `log`."""
+    if log is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(target, 2)
+    os.close(target)
+    tally.stream = open(saved, "w", encoding=sys.stderr.encoding, errors="backslashreplace", closefd=False)
+    tally.ray_log = log
+    try:
+        yield
+    finally:
+        try:
+            ray.shutdown()  # here rather than at exit, so that what Ray writes on the way out goes to `log` too
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            tally.stream.close()
+            os.close(saved)
+            tally.stream, tally.ray_log = sys.stderr, None
 
 
 def _unreadable(key: str) -> str | None:
