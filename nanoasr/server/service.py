@@ -94,10 +94,12 @@ class Service:
         return self.queue.worker.submit(fn, *args).result()
 
     def close(self) -> None:
-        """At shutdown: the scheduler decodes what is queued and stops; the session threads are let go."""
-        if self._scheduler is not None:
-            self._scheduler.close()
-        self.live.shutdown(wait=False)
+        """At shutdown: the scheduler decodes what is queued and stops (a server started again makes a new
+        one)."""
+        with self._scheduler_made:
+            scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            scheduler.close()
 
     async def receive(self, request) -> tuple[UploadForm, RequestOptions]:
         """Reads the upload in an upload slot, checks its form, then queues it; on any failure the upload file
