@@ -323,9 +323,10 @@ class Model:
 
     def _transcribe(self, audio, sample_rate, options: Options, on_segment=None,
                     max_duration_s=None, on_partial=None, draft=None) -> Transcript:
+        start = time.perf_counter()
         self.check_options(options.language, options.word_timestamps)
         with self._lock, self.thread_scope():
-            call = self._open_call(audio, sample_rate, options, on_segment, max_duration_s, on_partial)
+            call = self._open_call(start, audio, sample_rate, options, on_segment, max_duration_s, on_partial)
             if call.spans:
                 rows = self._decode_rows(call.spans, call.budgets, call.template.text_tokens, options.reference)
                 generate.generate(self._call_prompts(call), call.budgets, self.weights, self.config.text,
@@ -338,9 +339,9 @@ class Model:
         return self._close_call(call)
 
     def transcribe_together(self, requests) -> list[Transcript]:
-        """Transcribe several pieces of audio of one segment each (at most MAX_SEGMENT_S), each with its own
-        Options and draft, decoding them together: each decode step is one pass over the weights for all
-        their rows. `requests`: (wave [N] float32 at 16 kHz, Options, draft or None), at most
+        """Transcribe several pieces of audio of one segment each (at most MAX_SEGMENT_S: longer audio is
+        refused with AudioTooLongError), each with its own Options and draft, decoding them together: each
+        decode step is one pass over the weights for all their rows. `requests`: (wave [N] float32 at 16 kHz, Options, draft or None), at most
         `together_rows`, sharing `reference` and `ignore_stop`. Each transcript is `transcribe(wave,
         sample_rate=16000, draft=draft, **options)`'s token for token: each prompt is prefilled in its own
         forward, as it is alone, and a decode step's products give each row its bits alone
@@ -351,14 +352,12 @@ class Model:
                               f"{len(requests)}", "requests")
         if len({(options.reference, options.ignore_stop) for _, options, _ in requests}) > 1:
             raise OptionError("requests decoded together must share reference and ignore_stop", "reference")
-        for wave, options, _ in requests:
+        for _, options, _ in requests:
             self.check_options(options.language, options.word_timestamps)
-            if len(wave) > MAX_SEGMENT_S * SAMPLE_RATE:
-                raise OptionError(f"transcribe_together takes audio of one segment, at most {MAX_SEGMENT_S:g} "
-                                  f"s; got {len(wave) / SAMPLE_RATE:.1f} s", "requests")
-        options = requests[0][1]
+        options, start = requests[0][1], time.perf_counter()
         with self._lock, self.thread_scope():
-            calls = [self._open_call(wave, SAMPLE_RATE, o) for wave, o, _ in requests]
+            calls = [self._open_call(start, wave, SAMPLE_RATE, o, max_duration_s=MAX_SEGMENT_S)
+                     for wave, o, _ in requests]
             decoded = [(call, draft) for call, (_, _, draft) in zip(calls, requests) if call.spans]
             if decoded:
                 timer = decoded[0][0].timer  # the shared decode is timed once, in the first call's timings
@@ -380,13 +379,13 @@ class Model:
         GPU, where decoding together would change a row's last bits)."""
         return max(1, min(self.batch_size, self.backend.kernels.decode_rows))
 
-    def _open_call(self, audio, sample_rate, options: Options, on_segment=None, max_duration_s=None,
-                   on_partial=None) -> "_Call":
-        """A call's audio loaded and cut into spans, with their token budgets (under the model's lock)."""
+    def _open_call(self, start: float, audio, sample_rate, options: Options, on_segment=None,
+                   max_duration_s=None, on_partial=None) -> "_Call":
+        """A call (begun at perf_counter `start`): its audio loaded and cut into spans, with their token
+        budgets (under the model's lock)."""
         from nanoasr.audio.io import load_audio
         from nanoasr.audio.segment import split
 
-        start = time.perf_counter()
         timer = Timer()
         # the prompt's text, tokenized once for every segment and held to its limit before any audio is read
         template = prompt.template(self.tokenizer, **options.prompt_options())
