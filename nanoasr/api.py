@@ -328,7 +328,8 @@ class Model:
         with self._lock, self.thread_scope():
             call = self._open_call(start, audio, sample_rate, options, on_segment, max_duration_s, on_partial)
             if call.spans:
-                rows = self._decode_rows(call.spans, call.budgets, call.template.text_tokens, options.reference)
+                rows = self._decode_rows(call.spans, call.budgets, call.template.text_tokens,
+                                         options.reference)
                 generate.generate(self._call_prompts(call), call.budgets, self.weights, self.config.text,
                                   self.tokenizer.stop_ids, options.ignore_stop, rows=rows, timer=call.timer,
                                   on_done=call.in_order.finished, bf16_rope=options.reference == "funasr",
@@ -341,11 +342,11 @@ class Model:
     def transcribe_together(self, requests) -> list[Transcript]:
         """Transcribe several pieces of audio of one segment each (at most MAX_SEGMENT_S: longer audio is
         refused with AudioTooLongError), each with its own Options and draft, decoding them together: each
-        decode step is one pass over the weights for all their rows. `requests`: (wave [N] float32 at 16 kHz, Options, draft or None), at most
-        `together_rows`, sharing `reference` and `ignore_stop`. Each transcript is `transcribe(wave,
-        sample_rate=16000, draft=draft, **options)`'s token for token: each prompt is prefilled in its own
-        forward, as it is alone, and a decode step's products give each row its bits alone
-        (generate's `alone_prefills`). Live sessions sharing a model use it (nanoasr.batching)."""
+        decode step is one pass over the weights for all their rows. `requests`: (wave [N] float32 at 16 kHz,
+        Options, draft or None), at most `together_rows`, sharing `reference` and `ignore_stop`. Each
+        transcript is `transcribe(wave, sample_rate=16000, draft=draft, **options)`'s token for token: each
+        prompt is prefilled in its own forward, as it is alone, and a decode step's products give each row its
+        bits alone (generate's `alone_prefills`). Live sessions sharing a model use it (nanoasr.batching)."""
         requests = [(wave, options, self._check_draft(draft)) for wave, options, draft in requests]
         if not 1 <= len(requests) <= self.together_rows:
             raise OptionError(f"transcribe_together takes 1 to {self.together_rows} requests; got "

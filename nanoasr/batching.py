@@ -20,6 +20,7 @@ from nanoasr.api import Model, Options
 from nanoasr.errors import NanoasrError
 from nanoasr.transcript import Transcript
 
+
 @dataclass(eq=False)
 class _Request:
     wave: object  # [N] float32 at 16 kHz

@@ -312,7 +312,7 @@ class LiveSession:
         tail = [Delta(item, text[len(sent):])] if text.startswith(sent) and len(text) > len(sent) else []
         return tail + [Completed(item, text, ids, len(wave) / SAMPLE_RATE)]
 
-    def _transcribe(self, wave, draft, final: bool):  # -> Transcript, or None: a partial the scheduler dropped
+    def _transcribe(self, wave, draft, final: bool):  # -> Transcript, or None: a partial that was dropped
         if self.scheduler is not None:
             return self.scheduler.decode(wave, self.options, draft, final)
         return self.model.transcribe(wave, sample_rate=SAMPLE_RATE, draft=draft,

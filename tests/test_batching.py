@@ -158,7 +158,7 @@ def test_a_full_queue_drops_partials_and_finals_go_first(fast_model):
                   for k in range(2)]
         wait_until(lambda: len(scheduler._queue) == 2)
         assert scheduler.decode(wave, options, None, False) is None  # the queue is full: dropped at once
-        final = in_thread(scheduler.decode, wave[:SR * 3 // 4], options, None, True)  # takes the newest's place
+        final = in_thread(scheduler.decode, wave[:SR * 3 // 4], options, None, True)  # the newest's place
         queued[1][0].join()
         assert queued[1][1] == [None] and scheduler.dropped == 2
         gate.open.set()
