@@ -5,11 +5,11 @@ decode step is one pass over the weights for all their rows. Each transcript is 
 decode alone would give, token for token.
 
 Decodes asked for while a batch runs wait for the next one, so sessions that ask at about the same time share
-it, and no decode waits for a batch to fill. The queue holds at most `max_queue` decodes (two batches' worth
-by default: a partial queued behind more would be stale when decoded): a partial that finds it full is
-dropped (its session decodes one again at its next feed); a final takes the place of the newest queued
-partial, which is dropped, or waits for room. A session waits for its decode, so it has at most one queued,
-and the queue's memory is bounded by its audio (30 s at most per decode).
+it, and no decode waits for a batch to fill. The queue holds at most `max_queue` decodes (MAX_QUEUE by
+default: two full batches on the CPU; a partial queued behind more would be stale when decoded): a partial
+that finds it full is dropped (its session decodes one again at its next feed); a final takes the place of
+the newest queued partial, which is dropped, or waits for room. A session waits for its decode, so it has
+at most one queued, and the queue's memory is bounded by its audio (30 s at most per decode).
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from nanoasr.api import Model, Options
 from nanoasr.errors import NanoasrError
 from nanoasr.transcript import Transcript
+
+MAX_QUEUE = 16
 
 
 @dataclass(eq=False)
@@ -42,16 +44,15 @@ class _Request:
 
 class DecodeScheduler:
     """Decodes the live sessions of one Model together. `rows`: decodes in one batch, at most (never more
-    than model.together_rows); `max_queue`: decodes waiting, at most (2 * rows when None);
+    than model.together_rows); `max_queue`: decodes waiting, at most;
     `execute(fn, *args)`: runs a batch's decode (by default on the scheduler's own thread; a server passes
     its worker, which runs its other requests in turn)."""
 
-    def __init__(self, model: Model, rows: int | None = None, max_queue: int | None = None, execute=None):
-        if rows is not None and rows < 1 or max_queue is not None and max_queue < 1:
+    def __init__(self, model: Model, rows: int | None = None, max_queue: int = MAX_QUEUE, execute=None):
+        if rows is not None and rows < 1 or max_queue < 1:
             raise ValueError(f"rows and max_queue must be at least 1; got {rows} and {max_queue}")
-        self.model = model
+        self.model, self.max_queue = model, max_queue
         self.rows = min(rows or model.together_rows, model.together_rows)
-        self.max_queue = max_queue or 2 * self.rows
         self.execute = execute or (lambda fn, *args: fn(*args))
         self.batches = self.decoded = self.dropped = 0  # batches run, decodes in them, partials dropped
         self._queue: list[_Request] = []
