@@ -323,38 +323,93 @@ class Model:
 
     def _transcribe(self, audio, sample_rate, options: Options, on_segment=None,
                     max_duration_s=None, on_partial=None, draft=None) -> Transcript:
+        start = time.perf_counter()
+        self.check_options(options.language, options.word_timestamps)
+        with self._lock, self.thread_scope():
+            call = self._open_call(start, audio, sample_rate, options, on_segment, max_duration_s, on_partial)
+            if call.spans:
+                rows = self._decode_rows(call.spans, call.budgets, call.template.text_tokens,
+                                         options.reference)
+                generate.generate(self._call_prompts(call), call.budgets, self.weights, self.config.text,
+                                  self.tokenizer.stop_ids, options.ignore_stop, rows=rows, timer=call.timer,
+                                  on_done=call.in_order.finished, bf16_rope=options.reference == "funasr",
+                                  on_tokens=call.in_order.settled if on_partial is not None else None,
+                                  # one segment only: among several it would be prefilled alone, not as
+                                  # it is with the others
+                                  drafts={0: draft} if draft and len(call.spans) == 1 else None)
+        return self._close_call(call)
+
+    def transcribe_together(self, requests) -> list[Transcript]:
+        """Transcribe several pieces of audio of one segment each (at most MAX_SEGMENT_S: longer audio is
+        refused with AudioTooLongError), each with its own Options and draft, decoding them together: each
+        decode step is one pass over the weights for all their rows. `requests`: (wave [N] float32 at 16 kHz,
+        Options, draft or None), at most `together_rows`, sharing `reference` and `ignore_stop`. Each
+        transcript is `transcribe(wave, sample_rate=16000, draft=draft, **options)`'s token for token: each
+        prompt is prefilled in its own forward, as it is alone, and a decode step's products give each row its
+        bits alone (generate's `alone_prefills`). Live sessions sharing a model use it (nanoasr.batching)."""
+        requests = [(wave, options, self._check_draft(draft)) for wave, options, draft in requests]
+        if not 1 <= len(requests) <= self.together_rows:
+            raise OptionError(f"transcribe_together takes 1 to {self.together_rows} requests; got "
+                              f"{len(requests)}", "requests")
+        if len({(options.reference, options.ignore_stop) for _, options, _ in requests}) > 1:
+            raise OptionError("requests decoded together must share reference and ignore_stop", "reference")
+        for _, options, _ in requests:
+            self.check_options(options.language, options.word_timestamps)
+        options, start = requests[0][1], time.perf_counter()
+        with self._lock, self.thread_scope():
+            calls = [self._open_call(start, wave, SAMPLE_RATE, o, max_duration_s=MAX_SEGMENT_S)
+                     for wave, o, _ in requests]
+            decoded = [(call, draft) for call, (_, _, draft) in zip(calls, requests) if call.spans]
+            if decoded:
+                timer = decoded[0][0].timer  # the shared decode is timed once, in the first call's timings
+
+                def finished(row: int, g: generate.Generation) -> None:
+                    decoded[row][0].in_order.finished(0, g)
+                prompts = (p for call, _ in decoded for p in self._call_prompts(call))
+                generate.generate(prompts, [call.budgets[0] for call, _ in decoded], self.weights,
+                                  self.config.text, self.tokenizer.stop_ids, options.ignore_stop,
+                                  rows=len(decoded), timer=timer, on_done=finished,
+                                  bf16_rope=options.reference == "funasr", alone_prefills=True,
+                                  drafts={row: draft for row, (_, draft) in enumerate(decoded) if draft})
+        return [self._close_call(call) for call in calls]
+
+    @property
+    def together_rows(self) -> int:
+        """The most requests transcribe_together decodes at once: the rows a decode step's products compute
+        each as they compute it alone (ops.decode_rows; 1 where the device promises no such rows: the
+        GPU, where decoding together would change a row's last bits)."""
+        return max(1, min(self.batch_size, self.backend.kernels.decode_rows))
+
+    def _open_call(self, start: float, audio, sample_rate, options: Options, on_segment=None,
+                   max_duration_s=None, on_partial=None) -> "_Call":
+        """A call (begun at perf_counter `start`): its audio loaded and cut into spans, with their token
+        budgets (under the model's lock)."""
         from nanoasr.audio.io import load_audio
         from nanoasr.audio.segment import split
 
-        start = time.perf_counter()
         timer = Timer()
-        self.check_options(options.language, options.word_timestamps)
-        encodings = {} if options.word_timestamps else None
         # the prompt's text, tokenized once for every segment and held to its limit before any audio is read
         template = prompt.template(self.tokenizer, **options.prompt_options())
-        with self._lock, self.thread_scope():
-            with timer.stage("load_audio"):
-                wave = load_audio(audio, sample_rate, max_duration_s=max_duration_s)
-            duration = len(wave) / SAMPLE_RATE
-            if duration <= MAX_SEGMENT_S:
-                spans = [(0, len(wave))] if split(wave, MAX_SEGMENT_S, vad=options.vad) else []
-            else:
-                spans = [(s.start, s.end) for s in split(wave, MAX_SEGMENT_S, vad=options.vad)]
-            budgets = [options.max_new_tokens or generate.token_budget((b - a) / SAMPLE_RATE)
-                       for a, b in spans]
-            in_order = _InOrder(self, spans, timer, encodings, on_segment, on_partial)
-            if spans:
-                prompts = self._segment_prompts(wave, spans, options, template, timer, encodings)
-                rows = self._decode_rows(spans, budgets, template.text_tokens, options.reference)
-                generate.generate(prompts, budgets, self.weights, self.config.text, self.tokenizer.stop_ids,
-                                  options.ignore_stop, rows=rows, timer=timer, on_done=in_order.finished,
-                                  bf16_rope=options.reference == "funasr",
-                                  on_tokens=in_order.settled if on_partial is not None else None,
-                                  # one segment only: among several it would be prefilled alone, not as
-                                  # it is with the others
-                                  drafts={0: draft} if draft and len(spans) == 1 else None)
-        timer.ms["total"] = (time.perf_counter() - start) * 1e3
-        segments = in_order.segments
+        with timer.stage("load_audio"):
+            wave = load_audio(audio, sample_rate, max_duration_s=max_duration_s)
+        duration = len(wave) / SAMPLE_RATE
+        if duration <= MAX_SEGMENT_S:
+            spans = [(0, len(wave))] if split(wave, MAX_SEGMENT_S, vad=options.vad) else []
+        else:
+            spans = [(s.start, s.end) for s in split(wave, MAX_SEGMENT_S, vad=options.vad)]
+        budgets = [options.max_new_tokens or generate.token_budget((b - a) / SAMPLE_RATE) for a, b in spans]
+        encodings = {} if options.word_timestamps else None
+        in_order = _InOrder(self, spans, timer, encodings, on_segment, on_partial)
+        return _Call(options, start, timer, template, wave, duration, spans, budgets, encodings, in_order)
+
+    def _call_prompts(self, call: "_Call"):
+        return self._segment_prompts(call.wave, call.spans, call.options, call.template, call.timer,
+                                     call.encodings)
+
+    def _close_call(self, call: "_Call") -> Transcript:
+        options, timer = call.options, call.timer
+        timer.ms["total"] = (time.perf_counter() - call.start) * 1e3
+        segments = call.in_order.segments
         cut = [s.finish_reason for s in segments if s.truncated]
         if cut and not options.ignore_stop:  # ignore_stop asks for exactly the budget: reaching it is no news
             log.warning("%d of %d segments stopped early (%d at the token budget, %d by the repetition "
@@ -363,7 +418,8 @@ class Model:
                         "; max_new_tokens raises the budget"
                         if "length" in cut and options.max_new_tokens is None else "")  # not the user's own
         code = prompt.language_code(options.language)
-        return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, duration, timer.ms)
+        return Transcript(join_texts([s.text for s in segments]), tuple(segments), code, call.duration,
+                          timer.ms)
 
     def _decode_rows(self, spans, budgets, text_tokens: int, reference: str) -> int:
         """Segments decoded together: batch_size, fewer when their cache rows would pass MAX_CACHE_BYTES."""
@@ -375,6 +431,22 @@ class Model:
         positions = text_tokens + audio_tokens + max(budgets)
         row_bytes = positions * decoder.cache_bytes_per_position(self.config.text)
         return max(1, min(self.batch_size, len(spans), MAX_CACHE_BYTES // row_bytes))
+
+
+@dataclass
+class _Call:
+    """One transcription's state between its audio being read and its transcript."""
+
+    options: Options
+    start: float  # perf_counter at the call's start
+    timer: Timer
+    template: prompt.Template
+    wave: np.ndarray
+    duration: float
+    spans: list
+    budgets: list
+    encodings: dict | None
+    in_order: "_InOrder"
 
 
 def language_name(code: str) -> str:

@@ -22,7 +22,9 @@ partial text while an utterance goes on, and the exact final text of each uttera
 
 The session is synchronous and single-threaded: each call runs the decodes it needs before it returns, at
 most one partial per `feed`, so a caller that batches audio when decoding falls behind gets fewer partials,
-never a growing queue of them.
+never a growing queue of them. Sessions that share a model may share a nanoasr.batching.DecodeScheduler
+(`scheduler`), which decodes their partials and finals together, each with the same token ids; a partial the
+scheduler drops (its queue is full) is decoded again at the next feed.
 """
 from __future__ import annotations
 
@@ -181,10 +183,12 @@ class LiveSession:
 
     def __init__(self, model: Model, options: Options | None = None,
                  turn_detection: TurnDetection | None = TurnDetection(), limits: Limits = Limits(),
-                 start: int = 0):
+                 start: int = 0, scheduler=None):
         """`start`: the stream sample the first sample fed will be (a session that replaces another one on
-        the same stream keeps its clock)."""
+        the same stream keeps its clock). `scheduler`: a DecodeScheduler of `model` that decodes this
+        session's utterances together with other sessions' (None: each decode runs alone here)."""
         self.model, self.options, self.limits = model, options or Options(), limits
+        self.scheduler = scheduler
         model.check_options(self.options.language, self.options.word_timestamps)
         self.turn_detection = turn_detection
         self.vad = None if turn_detection is None else streaming_vad(
@@ -301,14 +305,16 @@ class LiveSession:
     def _final(self, item: int, wave) -> list:
         text, ids = "", ()
         if len(wave) >= MIN_COMMIT_MS * SAMPLE_RATE // 1000:  # less is no speech (a cut at the limit)
-            transcript = self._transcribe(wave, self.partial.draft())
+            transcript = self._transcribe(wave, self.partial.draft(), final=True)
             text = transcript.text
             ids = tuple(t for segment in transcript.segments for t in segment.token_ids)
         sent = self.partial.sent
         tail = [Delta(item, text[len(sent):])] if text.startswith(sent) and len(text) > len(sent) else []
         return tail + [Completed(item, text, ids, len(wave) / SAMPLE_RATE)]
 
-    def _transcribe(self, wave, draft):
+    def _transcribe(self, wave, draft, final: bool):  # -> Transcript, or None: a partial that was dropped
+        if self.scheduler is not None:
+            return self.scheduler.decode(wave, self.options, draft, final)
         return self.model.transcribe(wave, sample_rate=SAMPLE_RATE, draft=draft,
                                      **dataclasses.asdict(self.options))
 
@@ -318,10 +324,11 @@ class LiveSession:
         text = ""
         if end - state.window_start > self.limits.partial_window_s * SAMPLE_RATE and state.covered:
             text = state.close_window()  # the last partial's text is kept; the window starts where it ended
-        transcript = self._transcribe(self.audio.span(state.window_start, end), state.previous)
-        ids = [t for segment in transcript.segments for t in segment.token_ids]
-        text += state.agree(ids, self.model.tokenizer.decode, end)
-        state.due = end + int(self.limits.partial_interval_s * SAMPLE_RATE)
+        transcript = self._transcribe(self.audio.span(state.window_start, end), state.previous, final=False)
+        if transcript is not None:
+            ids = [t for segment in transcript.segments for t in segment.token_ids]
+            text += state.agree(ids, self.model.tokenizer.decode, end)
+            state.due = end + int(self.limits.partial_interval_s * SAMPLE_RATE)
         return [Delta(self.item, text)] if text else []
 
 

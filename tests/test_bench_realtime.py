@@ -39,6 +39,7 @@ def test_latencies_are_matched_to_the_utterance_each_item_covers():
 
 
 def test_the_baseline_model_decodes_without_drafts(fast_model, monkeypatch):
+    from nanoasr.api import Options
     from nanoasr.model import generate
     from tools.lib.synth import speech_like
 
@@ -48,8 +49,15 @@ def test_the_baseline_model_decodes_without_drafts(fast_model, monkeypatch):
         seen.append(drafts)
         return plain(*args, drafts=drafts, **kwargs)
     monkeypatch.setattr(generate, "generate", spy)
-    baseline = bench.without_drafts()(fast_model.checkpoint, threads=1)
+    baseline = bench.baseline_model(drafts=False)(fast_model.checkpoint, threads=1)
     wave = speech_like(1.0, 2)
     baseline.transcribe(wave, sample_rate=bench.SR, max_new_tokens=3, draft=[100, 101])
     fast_model.transcribe(wave, sample_rate=bench.SR, max_new_tokens=3, draft=[100, 101])
     assert seen == [None, {0: [100, 101]}]
+    baseline.transcribe_together([(wave, Options(max_new_tokens=3), [100, 101])])
+    assert seen[-1] == {}  # no row has a draft
+
+
+def test_the_unbatched_baseline_decodes_one_at_a_time(fast_model):
+    assert fast_model.together_rows == 8
+    assert bench.baseline_model(batch=False)(fast_model.checkpoint, threads=1).together_rows == 1

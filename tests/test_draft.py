@@ -4,14 +4,16 @@ type and product path; and a right draft costs one forward.
 
 The reference is the plain path itself: Model.transcribe without a draft, and teacher-forced decode steps.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 
 from nanoasr import convert
-from nanoasr.api import Model
+from nanoasr.api import Model, Options
 from nanoasr.backend import CPU, with_activations
 from nanoasr.checkpoints.load import load_checkpoint
-from nanoasr.errors import OptionError
+from nanoasr.errors import AudioTooLongError, OptionError
 from nanoasr.model import decoder, generate
 from nanoasr.ops import linear
 from nanoasr.quant.quantize import quantize
@@ -265,3 +267,61 @@ def test_draft_positions_carry_the_compiled_steps_bits(mix):
     assert all(layer is not None for layer in plain.compiled)
     hidden = decoder.Session(w, CFG, rows=1).prefill_draft(prompt, ids, room=4)
     np.testing.assert_array_equal(decoder.row_products(hidden, w[decoder.EMBED], 8), np.stack(expected))
+
+
+@pytest.mark.parametrize("path", PATHS, ids="-".join)
+def test_decoded_together_each_gets_its_transcript_alone(models, path):
+    """Model.transcribe_together (live sessions' decodes batched): every request's segments, ids and average
+    log-probability included, are those of Model.transcribe of its audio alone, with or without a draft."""
+    model = models[path]
+    waves = [speech_like(seconds, seed) for seconds, seed in ((1.5, 7), (2.5, 3), (0.8, 11), (2.0, 5))]
+    options = [Options(max_new_tokens=24), Options(hotwords=("nano",)), Options(max_new_tokens=5),
+               Options(itn=False, max_new_tokens=24)]
+    answer = list(model.transcribe(waves[0], sample_rate=SR, max_new_tokens=24).segments[0].token_ids)
+    drafts = [answer, None, [1000, 1001], answer[:3] + [7] + answer[4:]]
+    alone = [model.transcribe(wave, sample_rate=SR, draft=draft, **dataclasses.asdict(o))
+             for wave, o, draft in zip(waves, options, drafts)]
+    assert model.together_rows == 8
+    together = model.transcribe_together(list(zip(waves, options, drafts)))
+    assert [t.segments for t in together] == [t.segments for t in alone]
+    assert [t.text for t in together] == [t.text for t in alone]
+
+
+def test_prompts_prefilled_together_do_not_get_their_bits_alone(models):
+    """Why transcribe_together prefills each prompt in its own forward: in one prefill of several prompts
+    (padded to the longest), a prompt's products sum in another order than in its own, and its first token's
+    logits differ in their last bits (a near tie could then go the other way)."""
+    model = models["bf16", "exact"]
+    prompts = [stage_outputs(model, speech_like(seconds, seed), "funasr", {})["embeds"]
+               for seconds, seed in ((2.0, 5), (1.2, 6))]
+    alone = np.concatenate([decoder.Session(model.weights, model.config.text, rows=1).prefill(e, 4)
+                            for e in prompts])
+    together = decoder.Session(model.weights, model.config.text, rows=2).prefill_many(prompts, [4, 4])
+    np.testing.assert_allclose(together, alone, rtol=1e-4, atol=1e-4)
+    assert not np.array_equal(together[0], alone[0]) and not np.array_equal(together[1], alone[1])
+
+
+def test_decoding_together_takes_one_step_for_all_rows(models, monkeypatch):
+    """N requests decoded together: each decode step is one forward (one pass over the weights) for all
+    their rows, where decoding them one after another takes N."""
+    model = models["bf16", "exact"]
+    waves = [speech_like(1.0 + 0.5 * seed, seed) for seed in range(4)]
+    options = Options(max_new_tokens=12, ignore_stop=True)
+    calls = counting_forwards(monkeypatch)
+    for wave in waves:
+        model.transcribe(wave, sample_rate=SR, **dataclasses.asdict(options))
+    assert calls.count("step") == 4 * 11
+    calls.clear()
+    model.transcribe_together([(wave, options, None) for wave in waves])
+    assert calls.count("prefill") == 4 and calls.count("step") == 11
+
+
+def test_decoding_together_refuses_what_it_cannot_decode_alike(models):
+    model = models["bf16", "exact"]
+    wave = speech_like(1.0, 1)
+    with pytest.raises(OptionError, match="share reference"):
+        model.transcribe_together([(wave, Options(), None), (wave, Options(reference="transformers"), None)])
+    with pytest.raises(AudioTooLongError):
+        model.transcribe_together([(np.zeros(31 * SR, np.float32), Options(), None)])
+    with pytest.raises(OptionError, match="1 to 8"):
+        model.transcribe_together([(wave, Options(), None)] * 9)

@@ -6,6 +6,7 @@ spoke the beta shape); finals are compared with `Model.transcribe` of each utter
 import asyncio
 import base64
 import json
+import threading
 import warnings
 
 import numpy as np
@@ -379,6 +380,39 @@ def test_a_silent_client_is_closed_and_its_slot_returned(fast_model, monkeypatch
     with running(app) as base:
         ended, created = asyncio.run(run(base))
     assert ended["error"]["code"] == "session_idle" and created["type"] == "session.created"
+
+
+def test_a_session_that_stays_behind_is_ended(fast_model, monkeypatch):
+    """A session whose backlog stays full (its socket unread) for MAX_BEHIND_S gets `session_behind`, then a
+    normal close, and its slot back."""
+    monkeypatch.setattr(server_realtime, "MAX_BACKLOG_S", 0.2)
+    monkeypatch.setattr(server_realtime, "MAX_BEHIND_S", 0.5)
+    stuck, feed = threading.Event(), server_realtime.LiveSession.feed
+
+    def slow_feed(self, samples, partial=True):  # decoding that never keeps up, until the test ends
+        stuck.wait(RECV_TIMEOUT_S)
+        return feed(self, samples, partial)
+    monkeypatch.setattr(server_realtime.LiveSession, "feed", slow_feed)
+    app = create_app(fast_model, max_queue=1)
+    app.state.live_limits = Limits(vad=TONES)
+
+    async def run(base):
+        async with connect(base) as conn:
+            await receive(conn)
+            await append(conn, pcm16(np.zeros(12000, np.float32)))  # 0.5 s: more than the backlog allows
+            ended = await until(conn, "error")
+            with pytest.raises(websockets.exceptions.ConnectionClosedOK):
+                await asyncio.wait_for(conn.recv_bytes(), RECV_TIMEOUT_S)
+        stuck.set()
+        await slots_free(app)
+        return ended[-1]
+
+    try:
+        with running(app) as base:
+            ended = asyncio.run(run(base))
+    finally:
+        stuck.set()
+    assert ended["error"]["code"] == "session_behind"
 
 
 def test_nanoasr_serve_takes_a_full_size_append(tiny_dir, tmp_path):

@@ -12,7 +12,7 @@ ORDER = [
     {"__main__"},
     {"cli"},
     {"server", "ray", "__init__"},
-    {"realtime"},
+    {"realtime", "batching"},
     {"api"},
     {"timestamps", "convert", "hub"},
     {"checkpoints"},

@@ -161,14 +161,15 @@ def _first_choices(session: decoder.Session, group, suppress):  # [(item, (e [L,
     return _greedy(logits, suppress)
 
 
-def _prefill_groups(waiting):  # [(item, (e [L, H], budget))] -> runs of them, longest first, each
-    # prefilled in one forward
+def _prefill_groups(waiting, alone: bool):  # [(item, (e [L, H], budget))] -> runs of them, longest first,
+    # each prefilled in one forward (each prompt in its own where `alone`)
     def length(prompt):
         return len(prompt[1][0])
     group, real = [], 0
     for prompt in sorted(waiting, key=length, reverse=True):
         padded = length(group[0] if group else prompt) * (len(group) + 1)  # the first is the longest
-        if group and (padded > PREFILL_POSITIONS or padded > (1 + PREFILL_PADDING) * (real + length(prompt))):
+        if group and (alone or padded > PREFILL_POSITIONS
+                      or padded > (1 + PREFILL_PADDING) * (real + length(prompt))):
             yield group
             group, real = [], 0
         group.append(prompt)
@@ -190,7 +191,7 @@ def _untimed(stage: str):  # the stage context when no timer is given
 
 
 def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, rows=None, timer=None,
-             on_done=None, bf16_rope=False, on_tokens=None, drafts=None):
+             on_done=None, bf16_rope=False, on_tokens=None, drafts=None, alone_prefills=False):
     """embeds: prompt embeddings [L_b, H]; budgets: new tokens allowed each -> list[Generation], in order.
 
     At most `rows` prompts decode together (all of them when None); a row that finishes takes the next
@@ -203,6 +204,10 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
     benchmarks). `bf16_rope`: the funasr profile's rotary frequencies (decoder.Session).
     `drafts` {index: token ids}: drafts of the prompts that have one (see the module's docstring); each such
     prompt is prefilled alone, and the generations are those without drafts.
+    `alone_prefills`: every prompt is prefilled in its own forward, as a call decoding it alone would, so
+    that prompts of separate calls decoded together each get their own call's tokens (the decode steps'
+    products give each row its bits alone, up to ops.decode_rows rows; a prefill's products of many rows
+    are not promised to).
     """
     suppress = tuple(stop_ids) if ignore_stop else ()
     session = decoder.Session(w, cfg, rows or len(embeds), bf16_rope)
@@ -214,7 +219,8 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
     # a draft holds at most budget - 1 tokens: the last token a budget allows is never fed back
     drafts = {item: list(draft)[:budgets[item] - 1] for item, draft in (drafts or {}).items()}
     while True:
-        exhausted = exhausted or _admit(session, prompts, live, stage, drafts, (stop_ids, ignore_stop))
+        exhausted = exhausted or _admit(session, prompts, live, stage, drafts,
+                                        (stop_ids, ignore_stop, alone_prefills))
         retired = _retire(session, live, results, stop_ids, ignore_stop, on_done)
         if retired and not exhausted:  # freed rows take the next prompts first
             continue
@@ -232,9 +238,9 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
 
 def _admit(session: decoder.Session, prompts, live: list[_Row], stage, drafts: dict, stopping) -> bool:
     """Prefill the next prompts into the free rows: each with a draft alone, with it (_draft_choices), the
-    others together where they fit one forward; True once no prompt is left. `stopping`: (stop ids,
-    ignore_stop)."""
-    stop_ids, ignore_stop = stopping
+    others together where they fit one forward (unless `alone`); True once no prompt is left. `stopping`:
+    (stop ids, ignore_stop, alone)."""
+    stop_ids, ignore_stop, alone = stopping
     suppress = tuple(stop_ids) if ignore_stop else ()
     waiting, exhausted = [], False
     while session.active + len(waiting) < session.rows:
@@ -250,7 +256,7 @@ def _admit(session: decoder.Session, prompts, live: list[_Row], stage, drafts: d
             live.append(_Row(item, budget, ids, lps[:len(ids)]))
             continue
         waiting.append(prompt)
-    for group in _prefill_groups(waiting):
+    for group in _prefill_groups(waiting, alone):
         with stage("prefill"):
             ids, lps = _first_choices(session, group, suppress)
         live.extend(_Row(item, budget, [i], [lp]) for (item, (_, budget)), i, lp in zip(group, ids, lps))

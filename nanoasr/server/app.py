@@ -145,6 +145,7 @@ async def lifespan(app: FastAPI):
         yield
     finally:
         uploads.close()
+        service.close()
 
 
 def create_app(model, *, api_key: str | None = None, max_upload_mb: float = 25, max_queue: int = 16,

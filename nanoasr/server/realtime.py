@@ -3,11 +3,14 @@ server's one model (nanoasr.realtime.LiveSession does the listening; live_config
 settings; live_audio.py converts the audio).
 
 A connection holds one slot of the server's queue while it is open (so sessions and uploads together stay
-within --max-queue) and runs its decoding on the server's worker thread, in turn with the HTTP requests. Audio
-waits in the connection's backlog while the worker is busy; the backlog is fed to the session at once when the
-worker is free (so a session that falls behind gets fewer partials, not a queue of them, and none while more
-than Limits.catch_up_s of audio waits), and past MAX_BACKLOG_S the connection stops reading the socket until
-the worker catches up (TCP holds the client back).
+within --max-queue) and runs its session on the server's session threads (Service.live); the session's
+decodes go to the server's DecodeScheduler, which decodes the sessions' partials and finals together on the
+worker thread, in turn with the HTTP requests. Audio waits in the connection's backlog while the session is
+busy; the backlog is fed to the session at once when it is free (so a session that falls behind gets fewer
+partials, not a queue of them, and none while more than Limits.catch_up_s of audio waits; the scheduler
+drops a partial it has no room for), and past MAX_BACKLOG_S the connection stops reading the socket until
+the session catches up (TCP holds the client back). A session whose socket stays unread for MAX_BEHIND_S is
+ended with an `error` (session_behind).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ MIB = 1024 * 1024
 MAX_APPEND_BYTES = 15 * MIB  # OpenAI's limit on one append's audio
 WS_MAX_BYTES = 24 * MIB  # one message: a 15 MiB append in base64 fits; a longer one closes the socket (1009)
 MAX_BACKLOG_S = 30.0  # audio received and not yet decoded, at most, before the socket is no longer read
+MAX_BEHIND_S = 120.0  # a session whose socket is not read for this long (its backlog full) is ended
 IDLE_TIMEOUT_S = 120.0  # a session with no client event for this long is closed: it holds a queue slot
 MAX_SESSION_S = 3600.0  # OpenAI's longest session, 60 minutes
 log = logging.getLogger(__name__)
@@ -101,7 +105,7 @@ async def _deny(websocket: WebSocket, err: ApiError) -> None:
 
 
 class Connection:
-    """One WebSocket: reads client events, feeds the LiveSession on the worker, sends OpenAI's events."""
+    """One WebSocket: reads client events, feeds the LiveSession on its thread, sends OpenAI's events."""
 
     def __init__(self, websocket: WebSocket, service, limits: Limits):
         self.ws, self.service, self.limits = websocket, service, limits
@@ -109,7 +113,8 @@ class Connection:
         self.config = SessionConfig()
         self.converter = Converter(self.config.format)
         self.options = self.config.options(service.model)
-        self.live = LiveSession(service.model, self.options, self.config.turn_detection, limits)
+        self.live = LiveSession(service.model, self.options, self.config.turn_detection, limits,
+                                scheduler=service.scheduler)
         self.beta = False  # the client spoke the beta shape: items are announced as conversation.item.created
         self.ops: asyncio.Queue = asyncio.Queue()  # (kind, payload, client event id), in arrival order
         self.held = None  # an op taken out of the queue while gathering audio, run next
@@ -151,7 +156,12 @@ class Connection:
         pauses while the backlog is full."""
         opened = time.monotonic()
         while True:
-            await self.caught_up.wait()
+            try:
+                await asyncio.wait_for(self.caught_up.wait(), MAX_BEHIND_S)
+            except asyncio.TimeoutError:
+                await self._end(f"the session fell behind real time: more than {MAX_BACKLOG_S:g} s of audio "
+                                f"waited to be decoded for {MAX_BEHIND_S:g} s", "session_behind")
+                return
             try:
                 message = await asyncio.wait_for(self.ws.receive(), IDLE_TIMEOUT_S)
             except asyncio.TimeoutError:
@@ -256,10 +266,11 @@ class Connection:
                 self.caught_up.clear()
             await self.ops.put(("audio", samples, None))
 
-    # --- the session, on the worker ------------------------------------------------------------------------
+    # --- the session, on its thread ------------------------------------------------------------------------
 
     async def pump(self) -> None:
-        """Runs the queued work in order, each step on the worker; audio waiting together is fed at once."""
+        """Runs the queued work in order, each step on the session's thread; audio waiting together is fed at
+        once."""
         while True:
             self.working = self.held is not None or not self.ops.empty()
             kind, payload, event_id = await self._next()
@@ -316,7 +327,7 @@ class Connection:
         return "audio", np.concatenate(chunks), None
 
     def _work(self, call, *args):
-        return asyncio.get_running_loop().run_in_executor(self.service.queue.worker, call, *args)
+        return asyncio.get_running_loop().run_in_executor(self.service.live, call, *args)
 
     async def _replace(self, config: SessionConfig, options, beta: bool, start: int | None = None) -> list:
         """A session update: new options or turn detection start a new LiveSession at the stream's present
@@ -324,7 +335,8 @@ class Connection:
         settings); the format alone changes only the converter."""
         if start is not None or (options, config.turn_detection) != (self.options, self.live.turn_detection):
             at = self.live.audio.end if start is None else start
-            self.live = LiveSession(self.service.model, options, config.turn_detection, self.limits, at)
+            self.live = LiveSession(self.service.model, options, config.turn_detection, self.limits, at,
+                                    self.service.scheduler)
             self.options, self.generation = options, self.generation + 1
         await self.confirm_update(config, beta)
         return []

@@ -3,12 +3,15 @@
 Requests run one at a time, in arrival order, on a single worker thread. A request holds an upload slot while
 its body arrives and takes its queue slot only once the upload is complete, so a slow client holds no decode
 capacity; uploads in progress have their own limit, and their own time limits (multipart.UploadTimes).
+Live sessions run on threads of their own and decode together through the server's one DecodeScheduler
+(nanoasr.batching), whose batches run on the worker, in turn with the requests.
 """
 
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from nanoasr.batching import DecodeScheduler
 from nanoasr.errors import NanoasrError, OptionError
 from nanoasr.server.errors import ApiError, api_error, refused_field
 from nanoasr.server.fields import RequestOptions, request_options
@@ -74,6 +77,29 @@ class Service:
         self.max_duration_s, self.upload_times = max_duration_s, upload_times
         self.queue = Queue(max_queue, max_uploads)
         self.uploads = UploadDir(upload_dir)
+        # a live session holds a queue slot: a thread each, and none waits for another to be free
+        self.live = ThreadPoolExecutor(max_workers=max_queue, thread_name_prefix="nanoasr-live")
+        self._scheduler: DecodeScheduler | None = None
+        self._scheduler_made = threading.Lock()
+
+    @property
+    def scheduler(self) -> DecodeScheduler:
+        """The live sessions' DecodeScheduler, made for the first one; its batches run on the worker."""
+        with self._scheduler_made:
+            if self._scheduler is None:
+                self._scheduler = DecodeScheduler(self.model, execute=self._on_worker)
+            return self._scheduler
+
+    def _on_worker(self, fn, *args):
+        return self.queue.worker.submit(fn, *args).result()
+
+    def close(self) -> None:
+        """At shutdown: the scheduler decodes what is queued and stops (a server started again makes a new
+        one)."""
+        with self._scheduler_made:
+            scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            scheduler.close()
 
     async def receive(self, request) -> tuple[UploadForm, RequestOptions]:
         """Reads the upload in an upload slot, checks its form, then queues it; on any failure the upload file

@@ -2,7 +2,8 @@
 `/v1/realtime?intent=transcription` over loopback, and each event's arrival is timed.
 
     python tools/bench/bench_realtime.py --model MODEL [--sessions 1,2,4] [--seconds 30] [--threads 2]
-                                   [--silence-ms 500] [--max-latency 1.2] [--no-draft] [--json out.json]
+                                   [--silence-ms 500] [--max-latency 1.2] [--no-draft] [--no-batch]
+                                   [--json out.json]
     python tools/bench/bench_realtime.py --url ws://127.0.0.1:8000 --api-key KEY ...   (a running server)
     python tools/bench/bench_realtime.py --model MODEL --finals 5 [--threads 2]   (final decodes alone)
 
@@ -14,7 +15,9 @@ item, the mean gap between deltas (partial cadence). With --model the server run
 CPU seconds and resident memory are measured and reported per session. A session count stays real time when
 every utterance was completed and the p95 end-of-speech latency is within --max-latency. --no-draft serves a
 model that decodes finals and partials without their drafts (the previous partial's token ids), the baseline
-that draft verification is measured against.
+that draft verification is measured against. With --model each round also reports how the sessions' decodes
+were batched (nanoasr.batching: decodes per batch, partials dropped); --no-batch serves a model that
+decodes each of them alone, the baseline that batching is measured against.
 
 --finals N times, instead, the final decode of N utterances (2-6 s) alone, in this process: Model.transcribe
 without a draft, and with its own token ids as the draft, which is what a final gets from a last partial that
@@ -148,6 +151,20 @@ def summarize(runs: list[dict], audio_s: float, cpu_s, rss_mb, max_latency: floa
             "real_time": real_time}
 
 
+def batch_counts(service) -> tuple[int, int, int]:
+    """The server's scheduler's batches, decodes and dropped partials so far (zeros without a server here)."""
+    scheduler = None if service is None else service.scheduler
+    return (0, 0, 0) if scheduler is None else (scheduler.batches, scheduler.decoded, scheduler.dropped)
+
+
+def batching(before: tuple, after: tuple) -> dict:
+    """A round's batching: the sessions' decodes per batch (mean, up to the scheduler's rows) and the
+    partials its full queue dropped."""
+    batches, decoded, dropped = (b - a for a, b in zip(before, after))
+    return {"decodes_per_batch": round(decoded / batches, 2) if batches else None,
+            "partials_dropped": dropped}
+
+
 def cpu_seconds() -> float:
     import resource
 
@@ -169,18 +186,26 @@ async def round_of(url: str, headers: dict, sessions: int, args):
     return runs, audio_s
 
 
-def without_drafts():
-    """Model, less its `draft`: every decode from the prompt alone."""
+def baseline_model(drafts: bool = True, batch: bool = True):
+    """Model, less its `draft` (every decode from the prompt alone) unless `drafts`, and decoding the live
+    sessions' decodes one at a time unless `batch`."""
     from nanoasr.api import Model
 
-    class WithoutDrafts(Model):
+    class Baseline(Model):
         def transcribe(self, audio, *, draft=None, **options):
-            return super().transcribe(audio, **options)
-    return WithoutDrafts
+            return super().transcribe(audio, draft=draft if drafts else None, **options)
+
+        def transcribe_together(self, requests):
+            return super().transcribe_together([(w, o, d if drafts else None) for w, o, d in requests])
+
+        @property
+        def together_rows(self) -> int:
+            return super().together_rows if batch else 1
+    return Baseline
 
 
-def serve_here(model: str, threads: int | None, drafts: bool = True):
-    """The server on 127.0.0.1 in this process: (its ws:// URL, a function that stops it)."""
+def serve_here(model: str, threads: int | None, drafts: bool = True, batch: bool = True):
+    """The server on 127.0.0.1 in this process: (its ws:// URL, a function that stops it, its Service)."""
     import uvicorn
 
     from nanoasr.api import Model
@@ -189,7 +214,7 @@ def serve_here(model: str, threads: int | None, drafts: bool = True):
 
     from nanoasr.realtime import Limits
 
-    loaded = (Model if drafts else without_drafts()).load(model, threads=threads)
+    loaded = (Model if drafts and batch else baseline_model(drafts, batch)).load(model, threads=threads)
     app = create_app(loaded, max_queue=256)
     app.state.live_limits = Limits(vad="energy")  # the speakers are tones: Silero VAD hears no speech in them
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
@@ -207,7 +232,7 @@ def serve_here(model: str, threads: int | None, drafts: bool = True):
         server.should_exit = True
         thread.join(30)
 
-    return f"ws://127.0.0.1:{port}", stop
+    return f"ws://127.0.0.1:{port}", stop, app.state.service
 
 
 def final_times(model_path: str, utterances: int, threads: int | None) -> dict:
@@ -248,6 +273,8 @@ def main(argv=None) -> int:
                         help="seconds a speaker waits for its last finals after its audio ends")
     parser.add_argument("--no-draft", action="store_true",
                         help="decode without drafts (with --model): the baseline of draft verification")
+    parser.add_argument("--no-batch", action="store_true",
+                        help="decode each session's decodes alone (with --model): the baseline of batching")
     parser.add_argument("--finals", type=int, default=None,
                         help="time N final decodes alone, with and without a right draft (with --model)")
     parser.add_argument("--json", default=None, help="write the results here too")
@@ -263,18 +290,20 @@ def main(argv=None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         return 0
-    url, stop = serve_here(args.model, args.threads, not args.no_draft) if args.model \
-        else (args.url.rstrip("/"), None)
+    url, stop, service = serve_here(args.model, args.threads, not args.no_draft, not args.no_batch) \
+        if args.model else (args.url.rstrip("/"), None, None)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     results = []
     try:
         for sessions in (int(n) for n in args.sessions.split(",")):
-            cpu, rss = cpu_seconds(), rss_mb()
+            cpu, rss, counts = cpu_seconds(), rss_mb(), batch_counts(service)
             runs, audio_s = asyncio.run(round_of(f"{url}/v1/realtime?intent=transcription", headers, sessions,
                                                  args))
             here = stop is not None  # the server's CPU and memory are this process's
             summary = summarize(runs, audio_s, cpu_seconds() - cpu if here else None,
                                 max(0.0, rss_mb() - rss) if here else None, args.max_latency)
+            if here:
+                summary.update(batching(counts, batch_counts(service)))
             results.append(summary)
             print(json.dumps(summary), flush=True)
     finally:
