@@ -92,6 +92,7 @@ from nanoasr.kernels import decode_layer  # its bf16 rows serve weights marked f
 decode_layer._bf16_rows(x)
 heads = np.ones((1, 4, 1024, 64), np.float32)
 assert blas_split.products(heads, heads) is not None
+assert blas_split.matmul(np.ones((128, 256), np.float32), np.ones((512, 256), np.float32)) is not None
 compiled = {}
 for obj in gc.get_objects():
     kernel = (issubclass(type(obj), numba.core.registry.CPUDispatcher)

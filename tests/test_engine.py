@@ -73,8 +73,10 @@ def test_prompts_are_prefilled_together_longest_first_within_the_bounds(monkeypa
     each alone (20 with 10 would pad to 40 for 30 real, 10 with 5 to 20 for 15)."""
     monkeypatch.setattr(generate, "PREFILL_POSITIONS", 100)
     prompts = [(i, (np.zeros((n, 1)), 0)) for i, n in enumerate([30, 20, 40, 10, 120, 5])]
-    groups = [[i for i, _ in g] for g in generate._prefill_groups(prompts)]
+    groups = [[i for i, _ in g] for g in generate._prefill_groups(prompts, alone=False)]
     assert groups == [[4], [2, 0], [1], [3], [5]]
+    alone = [[i for i, _ in g] for g in generate._prefill_groups(prompts, alone=True)]
+    assert alone == [[4], [2], [0], [1], [3], [5]]
 
 
 def test_a_pool_of_rows_takes_prompts_as_rows_free_up(tiny_model):
