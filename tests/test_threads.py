@@ -45,7 +45,7 @@ needs_gomp = pytest.mark.skipif(not sys.platform.startswith("linux"),
 def test_numba_workers_spin_briefly_and_the_environment_is_left_alone():
     seen, gomp = probe()
     assert seen["import"] and seen["after"]
-    assert seen["policy"] == ["omp", "spin then sleep: GOMP_SPINCOUNT=10000, KMP_BLOCKTIME=1"]
+    assert seen["policy"] == ["omp", "spin then sleep: GOMP_SPINCOUNT=1000, KMP_BLOCKTIME=1"]
     assert gomp["GOMP_SPINCOUNT"] == host.OMP_SPIN["GOMP_SPINCOUNT"]  # libgomp's default is 300000
 
 

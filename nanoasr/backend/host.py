@@ -147,12 +147,13 @@ def threads(n: int | None, numba_products: bool = False):
         numba.set_num_threads(previous)
 
 
-# How long an idle OpenMP worker of numba's spins before it sleeps, where the user has not said: about a
-# millisecond at most (GOMP_SPINCOUNT counts pause instructions, 10^4 of them 0.3-0.6 ms; KMP_BLOCKTIME, for
-# LLVM's and Intel's runtimes, milliseconds). That spans the gaps between a decode step's parallel regions;
-# libgomp's own 3 * 10^5 (several milliseconds) outlived the work, and passive waiting (no spin) pays a
-# wake-up per region.
-OMP_SPIN = {"GOMP_SPINCOUNT": "10000", "KMP_BLOCKTIME": "1"}
+# How long an idle OpenMP worker of numba's spins before it sleeps, where the user has not said: tens of
+# microseconds (GOMP_SPINCOUNT counts pause instructions, 10^3 of them 30-60 us; KMP_BLOCKTIME, for LLVM's
+# and Intel's runtimes, milliseconds, 1 the least above none). A worker that spins while the thread it waits
+# for has no core holds that core from it: two transcriptions at once on 2 cores took 3.9x one alone's time
+# with 10^4 and 1.8x with 10^3, and one alone the same time (docs/reports/contention.md); libgomp's own
+# 3 * 10^5 spins for milliseconds.
+OMP_SPIN = {"GOMP_SPINCOUNT": "1000", "KMP_BLOCKTIME": "1"}
 WAIT_SETTINGS = ("OMP_WAIT_POLICY", *OMP_SPIN)
 
 
