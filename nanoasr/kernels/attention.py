@@ -32,20 +32,29 @@ def attend(q, keys, values, lengths, out):
                     s += qh[j, d] * kt[d]
                 scores[j, t] = s
         for j in range(group):
-            top = scores[j].max()
+            # not scores[j].max(), whose compiled reduction costs the first run a second; a NaN spreads either way
+            top = scores[j, 0]
+            for t in range(1, m):
+                if scores[j, t] > top:
+                    top = scores[j, t]
             total = np.float32(0.0)
             for t in range(m):
                 scores[j, t] = exp_nonpositive(scores[j, t] - top)
                 total += scores[j, t]
-            scores[j] /= total
-        acc = np.zeros((group, head_dim), np.float32)
+            for t in range(m):
+                scores[j, t] /= total
+        # element by element, here and below: an array assigned to a slice (out[b, h] = acc) compiles numba's
+        # shape-mismatch message, seconds of the first run for each number of dimensions
+        acc = out[b, h]
+        for j in range(group):
+            for d in range(head_dim):
+                acc[j, d] = np.float32(0.0)
         for t in range(m):
             vt = v[t]
             for j in range(group):
                 p = scores[j, t]
                 for d in range(head_dim):
                     acc[j, d] += p * vt[d]
-        out[b, h] = acc
 
 
 def decode_attention(q, keys, values, lengths):
@@ -84,8 +93,9 @@ def new_position_into(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, value
                     q_out[b, h * group + j, d] = rotated[0, j, d] * scale
             rms_norm_rows(k[b, h:h + 1], k_norm, eps, normed_key[0])
             rope_rows(normed_key, c, s, rotated_key)
-            keys[b, h, p] = rotated_key[0, 0]
-            values[b, h, p] = v[b, h]
+            for d in range(head_dim):  # element by element: see attend
+                keys[b, h, p, d] = rotated_key[0, 0, d]
+                values[b, h, p, d] = v[b, h, d]
 
 
 def new_position(q, k, v, q_norm, k_norm, eps, cos, sin, scale, keys, values, positions):

@@ -155,8 +155,9 @@ def _fsmn(v, taps, out, first, last):  # v, out [T, D]; taps [K, D]: for the fra
     width = taps.shape[0]
     pad = (width - 1) // 2
     for t in range(first, last):
-        acc = out[t]
-        acc[:] = v[t]
+        acc, here = out[t], v[t]
+        for d in range(depth):  # not acc[:] = v[t]: see attention.attend
+            acc[d] = here[d]
         for k in range(width):  # taps in order, one multiply and one add each (as the numpy twin)
             src = t + k - pad
             if 0 <= src < frames:
