@@ -5,7 +5,8 @@
                                    [--silence-ms 500] [--max-latency 1.2] [--no-draft] [--no-batch]
                                    [--json out.json]
     python tools/bench/bench_realtime.py --url ws://127.0.0.1:8000 --api-key KEY ...   (a running server)
-    python tools/bench/bench_realtime.py --model MODEL --finals 5 [--threads 2]   (final decodes alone)
+    python tools/bench/bench_realtime.py --model MODEL --finals 5 [--threads 2] [--tokens-per-second 4]
+                                                                           (final decodes alone)
 
 Each speaker sends its own clip (utterances of 2-6 s with speech-like pauses inside, 3 s of silence after
 each, so the server's VAD ends each one) as 24 kHz PCM16 in 40 ms appends, paced by the clock, with
@@ -23,6 +24,9 @@ decodes each of them alone, the baseline that batching is measured against.
 without a draft, and with its own token ids as the draft, which is what a final gets from a last partial that
 read the same words (the transcript of a trained model holds still as the audio grows; a random checkpoint's
 does not, so over the server its drafts are rejected early and the rounds above show no gain from them).
+A random checkpoint also decodes until its token budget or repetition guard; --tokens-per-second R caps each
+final at R tokens per second of its audio (max_new_tokens), the length of a trained model's transcript
+(speech runs at about 3-5 tokens a second), so that the timed decodes have a real transcript's length.
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ SR, WIRE_RATE = 16000, 24000
 APPEND_S = 0.04
 LOUD = 1e-3  # above the synthesized noise floor (1e-4): speech
 TAIL_S = 3.0  # silence after each utterance: longer than any silence the server's schedule waits for
+QUIET_S = 2.0  # no event for this long after the clip is sent, every item completed: the session is done
 
 
 def speaker_clip(seconds: float, seed: int):
@@ -75,13 +80,14 @@ async def speak(url: str, headers: dict, clip: bytes, truth, silence_ms: int, se
         await ws.send(json.dumps({"type": "session.update", "session": {
             "type": "transcription", "audio": {"input": {"turn_detection": vad}}}}))
         arrivals: list[tuple[float, dict]] = []
-        start = time.monotonic()
-        reader = asyncio.create_task(_read(ws, arrivals, start, len(truth)))
+        start, sent = time.monotonic(), asyncio.Event()
+        reader = asyncio.create_task(_read(ws, arrivals, start, sent))
         step = int(APPEND_S * WIRE_RATE) * 2
         for k, i in enumerate(range(0, len(clip), step)):
             await asyncio.sleep(max(0.0, start + k * APPEND_S - time.monotonic()))
             await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                       "audio": base64.b64encode(clip[i:i + step]).decode()}))
+        sent.set()
         try:
             await asyncio.wait_for(reader, settle_s)  # the last finals
         except asyncio.TimeoutError:
@@ -89,16 +95,23 @@ async def speak(url: str, headers: dict, clip: bytes, truth, silence_ms: int, se
     return {"arrivals": arrivals, "truth": truth}
 
 
-async def _read(ws, arrivals: list, start: float, expected: int) -> None:
+async def _read(ws, arrivals: list, start: float, sent: asyncio.Event) -> None:
+    """Events until the clip is sent, every item that started is completed and the server has been quiet for
+    QUIET_S (the detector may split an utterance at a pause inside it, so items are not counted ahead)."""
     import websockets
 
-    completed = 0
-    while completed < expected:
+    started = completed = 0
+    while True:
         try:
-            event = json.loads(await ws.recv())
+            event = json.loads(await asyncio.wait_for(ws.recv(), QUIET_S))
+        except asyncio.TimeoutError:
+            if sent.is_set() and completed == started:
+                return
+            continue
         except websockets.exceptions.ConnectionClosed:  # the server ended the session: what came is kept
             return
         arrivals.append((time.monotonic() - start, event))
+        started += event["type"] == "input_audio_buffer.speech_started"
         completed += event["type"] == "conversation.item.input_audio_transcription.completed"
 
 
@@ -235,22 +248,26 @@ def serve_here(model: str, threads: int | None, drafts: bool = True, batch: bool
     return f"ws://127.0.0.1:{port}", stop, app.state.service
 
 
-def final_times(model_path: str, utterances: int, threads: int | None) -> dict:
+def final_times(model_path: str, utterances: int, threads: int | None,
+                tokens_per_second: float | None = None) -> dict:
     """Seconds of Model.transcribe per utterance without a draft and with a right one (its own ids), p50 and
-    p95; the drafted transcripts are checked to be the plain ones."""
+    p95, each final capped at tokens_per_second of its audio where given; the drafted transcripts are checked
+    to be the plain ones."""
     from nanoasr.api import Model
 
     model = Model.load(model_path, threads=threads)
     rng = np.random.default_rng(0)
     plain_s, drafted_s, tokens = [], [], []
     for _ in range(utterances):
-        wave = speech_like(rng.uniform(2.0, 6.0), int(rng.integers(1 << 30)))
+        seconds = rng.uniform(2.0, 6.0)
+        wave = speech_like(seconds, int(rng.integers(1 << 30)))
+        budget = {"max_new_tokens": max(1, round(tokens_per_second * seconds))} if tokens_per_second else {}
         start = time.perf_counter()
-        plain = model.transcribe(wave, sample_rate=SR)
+        plain = model.transcribe(wave, sample_rate=SR, **budget)
         plain_s.append(time.perf_counter() - start)
         ids = [t for segment in plain.segments for t in segment.token_ids]
         start = time.perf_counter()
-        drafted = model.transcribe(wave, sample_rate=SR, draft=ids)
+        drafted = model.transcribe(wave, sample_rate=SR, draft=ids, **budget)
         drafted_s.append(time.perf_counter() - start)
         if drafted.segments != plain.segments:
             raise AssertionError("a drafted final differs from the plain one")
@@ -277,6 +294,8 @@ def main(argv=None) -> int:
                         help="decode each session's decodes alone (with --model): the baseline of batching")
     parser.add_argument("--finals", type=int, default=None,
                         help="time N final decodes alone, with and without a right draft (with --model)")
+    parser.add_argument("--tokens-per-second", type=float, default=None,
+                        help="with --finals: cap each final at this many tokens per second of its audio")
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args(argv)
     logging.getLogger("nanoasr").setLevel(logging.ERROR)  # a random model's budget warnings, once a decode
@@ -285,7 +304,9 @@ def main(argv=None) -> int:
     if args.finals is not None:
         if args.model is None or args.finals < 1:
             parser.error("--finals takes a positive count and --model")
-        results = [final_times(args.model, args.finals, args.threads)]
+        if args.tokens_per_second is not None and args.tokens_per_second <= 0:
+            parser.error("--tokens-per-second takes a positive rate")
+        results = [final_times(args.model, args.finals, args.threads, args.tokens_per_second)]
         print(json.dumps(results[0]), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
