@@ -6,9 +6,10 @@
 For each model, in a fresh empty NUMBA_CACHE_DIR: `python -m nanoasr CLIP --model CKPT` twice (cold, then
 warm), each one's wall time and whether it printed the compile notice; the kernels a cold transcription
 compiles (in a child process on another fresh cache: each numba function of nanoasr and its signatures, the
-specializations); with --server, `nanoasr serve` on a fresh cache: seconds until it listens, then the
-first and the second request's. `--tree` runs the nanoasr of another checkout (its root first on the
-path), so that one command measures before and after a change. Prints one JSON object per model.
+specializations, numba's seconds compiling them and the five slowest by name); with --server, `nanoasr
+serve` on a fresh cache: seconds until it listens, then the first and the second request's. `--tree` runs
+the nanoasr of another checkout (its root first on the path), so that one command measures before and after
+a change. Prints one JSON object per model.
 """
 from __future__ import annotations
 
@@ -27,14 +28,27 @@ READY = re.compile(rb"running on (http://127\.0\.0\.1:\d+)")
 NOTICE = "compiling kernels"
 COUNT = """
 import gc, json, sys
+from numba.core import event
 from numba.core.dispatcher import Dispatcher
 from nanoasr.api import Model
 model, activations, audio = sys.argv[1:]
-Model.load(model, activations=activations).transcribe(audio)
+compiles = event.RecordingListener()
+with event.install_listener("numba:compile", compiles):
+    Model.load(model, activations=activations).transcribe(audio)
 kernels = {f"{d.py_func.__module__}.{d.py_func.__qualname__}": [str(s) for s in d.signatures]
-           for d in gc.get_objects()
-           if issubclass(type(d), Dispatcher) and d.py_func.__module__.startswith("nanoasr.") and d.signatures}
-print(json.dumps(kernels))
+           for d in gc.get_objects() if issubclass(type(d), Dispatcher)
+           and d.py_func.__module__.startswith("nanoasr.") and d.signatures}
+seconds, started = {}, []
+for at, happened in compiles.buffer:  # a compile's time includes the functions it compiles on its way
+    if happened.is_start:
+        started.append(at)
+        continue
+    took = at - started.pop()
+    if not started:
+        f = happened.data["dispatcher"].py_func
+        name = f"{f.__module__}.{f.__qualname__}"
+        seconds[name] = seconds.get(name, 0.0) + took
+print(json.dumps({"kernels": kernels, "seconds": seconds}))
 """
 
 
@@ -61,9 +75,13 @@ def specializations(tree: Path, model: str, audio: str, activations: str) -> dic
     """The compiled signatures of each nanoasr numba function after one cold transcription."""
     with tempfile.TemporaryDirectory(prefix="nanoasr-numba-") as cache:
         done = run([sys.executable, "-c", COUNT, model, activations, audio], tree, cache)
-    kernels = json.loads(done.stdout.splitlines()[-1])
+    found = json.loads(done.stdout.splitlines()[-1])
+    kernels, seconds = found["kernels"], found["seconds"]
+    slowest = sorted(seconds.items(), key=lambda item: -item[1])[:5]
     return {"functions": len(kernels), "signatures": sum(map(len, kernels.values())),
-            "several": {name: signatures for name, signatures in kernels.items() if len(signatures) > 1}}
+            "several": {name: signatures for name, signatures in kernels.items() if len(signatures) > 1},
+            "compile_s": round(sum(seconds.values()), 2),
+            "slowest_s": {name: round(s, 2) for name, s in slowest}}
 
 
 def server(tree: Path, model: str, audio: str, activations: str) -> dict:
