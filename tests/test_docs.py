@@ -45,7 +45,8 @@ SKIPPED = [  # (pattern searched in the command, why it is not run)
     (r"^modelscope ", "downloads from ModelScope"),
     (r"models download", "downloads a package (tests/test_hub.py runs downloads against a local fake hub)"),
     (r"\| jq ", "jq is not a dependency"),
-    (r"stream --mic", "records from a microphone (tests/test_cli_stream.py runs it on a stand-in sounddevice)"),
+    (r"stream --mic", "records from a microphone "
+                      "(tests/test_cli_stream.py runs it on a stand-in sounddevice)"),
     (r"^python tools/bench/bench\.py --model",
      "times the full-size model against Transformers and llama.cpp"),
     (r"^python tools/bench/bench_realtime\.py", "streams simulated speakers for minutes "

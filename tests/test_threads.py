@@ -64,7 +64,8 @@ def test_a_threading_layer_the_user_chose_stands():
 needs_two_cores = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores: BLAS's pool and "
                                      "numba's have one thread each on one")
 # Run in a fresh process: OpenBLAS's own threads are those beside the main one once numpy is imported (it
-# starts them as it loads); their CPU time is counted in clock ticks by the OS, and is zero while they never run.
+# starts them as it loads); their CPU time is counted in clock ticks by the OS, and is zero while they never
+# run.
 BLAS_PROBE = """
 import json, sys, threading
 import numpy as np

@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_duration_option(output, "each with its error")
     output.add_argument("-v", "--verbose", action="store_true", help="a line for each input done")
     output.add_argument("-q", "--quiet", action="store_true",
-                        help="no Ray progress bars, Ray logs or workers' output (what Ray writes to stderr goes to "
-                             "DIR/ray.log), and no closing summary line")
+                        help="no Ray progress bars, Ray logs or workers' output (what Ray writes to stderr "
+                             "goes to DIR/ray.log), and no closing summary line")
     return parser
 
 
@@ -224,7 +224,7 @@ def _ray_stderr_aside(log: Path | None, tally: Tally, ray):
         yield
     finally:
         try:
-            ray.shutdown()  # here rather than at exit, so that what Ray writes on the way out goes to `log` too
+            ray.shutdown()  # here rather than at exit, so that what Ray writes on its way out goes to `log`
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)

@@ -153,8 +153,9 @@ def _raw_chunks(read, rate: int):
 
 
 class Microphone:
-    """A sounddevice input stream, 16-bit mono at the device's own rate, read as CHUNK_S blocks through a queue
-    that holds what was recorded while the decoder was busy (at most MIC_BACKLOG_S: past that, an error)."""
+    """A sounddevice input stream, 16-bit mono at the device's own rate, read as CHUNK_S blocks through a
+    queue that holds what was recorded while the decoder was busy (at most MIC_BACKLOG_S: past that, an
+    error)."""
 
     def __init__(self, sounddevice, device, rate: int):
         self.sounddevice, self.device, self.rate = sounddevice, device, rate
@@ -204,11 +205,12 @@ class Microphone:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def read(self, size: int) -> bytes:
-        """The next recorded block (the stream's size, not `size`); after Ctrl-C the blocks recorded before it,
-        then b""."""
+        """The next recorded block (the stream's size, not `size`); after Ctrl-C the blocks recorded before
+        it, then b""."""
         while True:
             if self.overflowed:
-                raise NanoasrError(f"the transcription fell more than {MIC_BACKLOG_S} s behind the microphone")
+                raise NanoasrError(f"the transcription fell more than {MIC_BACKLOG_S} s behind the "
+                                   "microphone")
             try:
                 return self.blocks.get(timeout=CHUNK_S)
             except queue.Empty:

@@ -32,7 +32,7 @@ def attend(q, keys, values, lengths, out):
                     s += qh[j, d] * kt[d]
                 scores[j, t] = s
         for j in range(group):
-            # not scores[j].max(), whose compiled reduction costs the first run a second; a NaN spreads either way
+            # not scores[j].max(), whose reduction takes the first run a second to compile; NaN spreads alike
             top = scores[j, 0]
             for t in range(1, m):
                 if scores[j, t] > top:

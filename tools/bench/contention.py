@@ -33,8 +33,9 @@ import json, os, sys, threading, time
 import numpy as np
 TASKS = "/proc/self/task"
 blas = set(os.listdir(TASKS)) - {str(threading.get_native_id())} if os.path.isdir(TASKS) else None
-def blas_seconds():  # utime + stime of OpenBLAS's threads (fields 14 and 15 of each one's stat), in ticks
-    ticks = sum(sum(map(int, open(f"{TASKS}/{t}/stat").read().rsplit(")", 1)[1].split()[11:13])) for t in blas)
+def blas_seconds():  # utime + stime of OpenBLAS's threads (fields 14 and 15 of each one's stat): ticks
+    stats = (open(f"{TASKS}/{t}/stat").read().rsplit(")", 1)[1].split() for t in blas)
+    ticks = sum(int(s[11]) + int(s[12]) for s in stats)
     return ticks / os.sysconf("SC_CLK_TCK")
 from nanoasr.api import Model
 args = json.loads(sys.argv[1])
@@ -61,10 +62,10 @@ def transcriptions(args, count: int, hogs: int) -> list[dict]:
     model = os.path.abspath(args.model) if os.path.exists(args.model) else args.model  # a path, or a hub id
     child = json.dumps({"model": model, "threads": args.threads,
                         "activations": args.activations, "seconds": args.seconds, "tokens": args.tokens})
-    # run in the tree: `python -c` puts the working directory before PYTHONPATH, and another checkout's nanoasr
-    # would be imported from there
-    runs = [subprocess.Popen([sys.executable, "-c", CHILD, child], env=env, cwd=args.tree, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True) for _ in range(count)]
+    # run in the tree: `python -c` puts the working directory before PYTHONPATH, and another checkout's
+    # nanoasr would be imported from there
+    runs = [subprocess.Popen([sys.executable, "-c", CHILD, child], env=env, cwd=args.tree,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(count)]
     busy = []
     try:
         for run in runs:
