@@ -63,9 +63,9 @@ def test_the_unbatched_baseline_decodes_one_at_a_time(fast_model):
     assert bench.baseline_model(batch=False)(fast_model.checkpoint, threads=1).together_rows == 1
 
 
-def test_finals_are_capped_at_the_given_tokens_per_second(fast_model):
-    capped = bench.final_times(str(fast_model.checkpoint), 2, 1, tokens_per_second=1.0)
+def test_finals_are_capped_at_the_given_tokens_per_second(tiny_dir):
+    capped = bench.final_times(str(tiny_dir), 2, 1, tokens_per_second=1.0)
     assert capped["utterances"] == 2 and 1 <= capped["tokens"]["p95"] <= 6  # utterances of 2-6 s
     with pytest.raises(SystemExit) as stopped:
-        bench.main(["--model", str(fast_model.checkpoint), "--finals", "1", "--tokens-per-second", "0"])
+        bench.main(["--model", str(tiny_dir), "--finals", "1", "--tokens-per-second", "0"])
     assert stopped.value.code == 2

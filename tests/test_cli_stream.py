@@ -134,7 +134,12 @@ def test_a_microphone_until_ctrl_c_gives_the_events_of_the_same_pcm_from_a_pipe(
     piped = capsys.readouterr().out
     device = FakeSoundDevice(raw, 48000)
     monkeypatch.setitem(sys.modules, "sounddevice", device)
-    assert main(["stream", "--mic", "--input-device", "2", *options]) == 0
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal: xdist ignores it
+    try:
+        assert main(["stream", "--mic", "--input-device", "2", *options]) == 0
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back after the recording
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert device.opened == [2]
     recorded = capsys.readouterr().out
     assert recorded == piped
@@ -144,7 +149,6 @@ def test_a_microphone_until_ctrl_c_gives_the_events_of_the_same_pcm_from_a_pipe(
     for final in finals:
         audio = wave[round(final["start"] * 1000) * 16:round(final["end"] * 1000) * 16]
         assert final["text"] == fast_model.transcribe(audio, sample_rate=16000).text
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_the_microphone_is_checked_before_the_model_loads(monkeypatch, capsys, tmp_path):
