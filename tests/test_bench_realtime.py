@@ -69,3 +69,16 @@ def test_finals_are_capped_at_the_given_tokens_per_second(tiny_dir):
     with pytest.raises(SystemExit) as stopped:
         bench.main(["--model", str(tiny_dir), "--finals", "1", "--tokens-per-second", "0"])
     assert stopped.value.code == 2
+
+
+def test_the_capped_model_decodes_at_most_the_rate_of_its_audio(fast_model):
+    from nanoasr.api import Options
+    from tools.lib.synth import speech_like
+
+    capped = bench.baseline_model(tokens_per_second=2.0)(fast_model.checkpoint, threads=1)
+    wave = speech_like(1.5, 4)
+    alone = capped.transcribe(wave, sample_rate=bench.SR)
+    together = capped.transcribe_together([(wave, Options(), None)])[0]
+    plain = fast_model.transcribe(wave, sample_rate=bench.SR)
+    ids = [[t for s in r.segments for t in s.token_ids] for r in (alone, together, plain)]
+    assert ids[0] == ids[1] == ids[2][:3] and len(ids[2]) > 3  # 2 tokens a second of 1.5 s: 3

@@ -3,7 +3,7 @@
 
     python tools/bench/bench_realtime.py --model MODEL [--sessions 1,2,4] [--seconds 30] [--threads 2]
                                    [--silence-ms 500] [--max-latency 1.2] [--no-draft] [--no-batch]
-                                   [--json out.json]
+                                   [--tokens-per-second 4] [--json out.json]
     python tools/bench/bench_realtime.py --url ws://127.0.0.1:8000 --api-key KEY ...   (a running server)
     python tools/bench/bench_realtime.py --model MODEL --finals 5 [--threads 2] [--tokens-per-second 4]
                                                                            (final decodes alone)
@@ -25,8 +25,9 @@ without a draft, and with its own token ids as the draft, which is what a final 
 read the same words (the transcript of a trained model holds still as the audio grows; a random checkpoint's
 does not, so over the server its drafts are rejected early and the rounds above show no gain from them).
 A random checkpoint also decodes until its token budget or repetition guard; --tokens-per-second R caps each
-final at R tokens per second of its audio (max_new_tokens), the length of a trained model's transcript
-(speech runs at about 3-5 tokens a second), so that the timed decodes have a real transcript's length.
+decode (the finals of --finals, and the served sessions' partials and finals) at R tokens per second of its
+audio (max_new_tokens), the length of a trained model's transcript (speech runs at about 3-5 tokens a
+second), so that the decodes have a real transcript's length.
 """
 from __future__ import annotations
 
@@ -199,16 +200,26 @@ async def round_of(url: str, headers: dict, sessions: int, args):
     return runs, audio_s
 
 
-def baseline_model(drafts: bool = True, batch: bool = True):
-    """Model, less its `draft` (every decode from the prompt alone) unless `drafts`, and decoding the live
-    sessions' decodes one at a time unless `batch`."""
+def baseline_model(drafts: bool = True, batch: bool = True, tokens_per_second: float | None = None):
+    """Model, less its `draft` (every decode from the prompt alone) unless `drafts`, decoding the live
+    sessions' decodes one at a time unless `batch`, and each decode capped at `tokens_per_second` of its
+    audio where given."""
+    import dataclasses
+
     from nanoasr.api import Model
+
+    def budget(wave) -> int | None:
+        return max(1, round(tokens_per_second * len(wave) / SR)) if tokens_per_second else None
 
     class Baseline(Model):
         def transcribe(self, audio, *, draft=None, **options):
+            if tokens_per_second:
+                options["max_new_tokens"] = budget(audio)
             return super().transcribe(audio, draft=draft if drafts else None, **options)
 
         def transcribe_together(self, requests):
+            if tokens_per_second:
+                requests = [(w, dataclasses.replace(o, max_new_tokens=budget(w)), d) for w, o, d in requests]
             return super().transcribe_together([(w, o, d if drafts else None) for w, o, d in requests])
 
         @property
@@ -217,7 +228,8 @@ def baseline_model(drafts: bool = True, batch: bool = True):
     return Baseline
 
 
-def serve_here(model: str, threads: int | None, drafts: bool = True, batch: bool = True):
+def serve_here(model: str, threads: int | None, drafts: bool = True, batch: bool = True,
+               tokens_per_second: float | None = None):
     """The server on 127.0.0.1 in this process: (its ws:// URL, a function that stops it, its Service)."""
     import uvicorn
 
@@ -227,7 +239,9 @@ def serve_here(model: str, threads: int | None, drafts: bool = True, batch: bool
 
     from nanoasr.realtime import Limits
 
-    loaded = (Model if drafts and batch else baseline_model(drafts, batch)).load(model, threads=threads)
+    plain = drafts and batch and not tokens_per_second
+    kind = Model if plain else baseline_model(drafts, batch, tokens_per_second)
+    loaded = kind.load(model, threads=threads)
     app = create_app(loaded, max_queue=256)
     app.state.live_limits = Limits(vad="energy")  # the speakers are tones: Silero VAD hears no speech in them
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
@@ -295,24 +309,25 @@ def main(argv=None) -> int:
     parser.add_argument("--finals", type=int, default=None,
                         help="time N final decodes alone, with and without a right draft (with --model)")
     parser.add_argument("--tokens-per-second", type=float, default=None,
-                        help="with --finals: cap each final at this many tokens per second of its audio")
+                        help="with --model: cap each decode at this many tokens per second of its audio")
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args(argv)
     logging.getLogger("nanoasr").setLevel(logging.ERROR)  # a random model's budget warnings, once a decode
     if (args.model is None) == (args.url is None):
         parser.error("give --model (a server in this process) or --url (a running server)")
+    if args.tokens_per_second is not None and (args.tokens_per_second <= 0 or args.model is None):
+        parser.error("--tokens-per-second takes a positive rate and --model")
     if args.finals is not None:
         if args.model is None or args.finals < 1:
             parser.error("--finals takes a positive count and --model")
-        if args.tokens_per_second is not None and args.tokens_per_second <= 0:
-            parser.error("--tokens-per-second takes a positive rate")
         results = [final_times(args.model, args.finals, args.threads, args.tokens_per_second)]
         print(json.dumps(results[0]), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         return 0
-    url, stop, service = serve_here(args.model, args.threads, not args.no_draft, not args.no_batch) \
-        if args.model else (args.url.rstrip("/"), None, None)
+    url, stop, service = (serve_here(args.model, args.threads, not args.no_draft, not args.no_batch,
+                                     args.tokens_per_second)
+                          if args.model else (args.url.rstrip("/"), None, None))
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     results = []
     try:
