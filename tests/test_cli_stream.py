@@ -162,3 +162,15 @@ def test_the_microphone_is_checked_before_the_model_loads(monkeypatch, capsys, t
     assert "no microphone to record from (No input device matching 'nosuch')" in err and "model" not in err
     assert main(["stream", "clip.wav", "--mic"]) == 2
     assert main(["stream", "--input-device", "1"]) == 2
+
+
+def test_the_partial_interval_reaches_the_session_and_past_the_window_stops_before_the_model_loads(
+        tiny_dir, tmp_path, capsys):
+    from nanoasr.cli.stream import _session, build_parser
+
+    session = _session(build_parser().parse_args(["--model", str(tiny_dir), "--partial-interval", "2.5"]))
+    assert session.limits.partial_interval_s == 2.5
+    assert _session(build_parser().parse_args(["--model", str(tiny_dir)])).limits.partial_interval_s == 0.48
+    assert main(["stream", "--partial-interval", "9", "--model", str(tmp_path / "no-model-here")]) == 2
+    err = capsys.readouterr().err
+    assert "--partial-interval must be at most 8 s" in err and "model" not in err

@@ -369,7 +369,8 @@ def test_serve_help_and_bad_options_need_no_extra():
                    "--min-upload-rate", "--upload-timeout", "--header-timeout", "--max-header-connections",
                    "--upload-dir"):
         assert option in done.stdout
-    for option, value in (("--max-queue", "0"), ("--max-duration", "nan"), ("--read-timeout", "inf")):
+    for option, value in (("--max-queue", "0"), ("--max-duration", "nan"), ("--read-timeout", "inf"),
+                          ("--partial-interval", "0"), ("--partial-interval", "9")):
         bad = subprocess.run([sys.executable, "-m", "nanoasr", "serve", option, value], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and option in bad.stderr

@@ -102,6 +102,20 @@ def positive(kind):
     return parse
 
 
+def live_limits(args, **more):
+    """nanoasr.realtime.Limits of a live command's --vad and --partial-interval (OptionError where the
+    interval is past the partial window)."""
+    from nanoasr.errors import OptionError
+    from nanoasr.realtime import PARTIAL_WINDOW_S, Limits
+
+    if args.partial_interval is None:
+        return Limits(vad=args.vad, **more)
+    if args.partial_interval > PARTIAL_WINDOW_S:
+        raise OptionError(f"--partial-interval must be at most {PARTIAL_WINDOW_S:g} s (the window a partial "
+                          f"decodes); got {args.partial_interval:g}", "partial_interval")
+    return Limits(vad=args.vad, partial_interval_s=args.partial_interval, **more)
+
+
 class _LineHandler(logging.Handler):
     def __init__(self, show, level=logging.WARNING):
         super().__init__(level)

@@ -11,8 +11,9 @@ import sys
 
 from nanoasr.audio.vad import DEFAULT_VAD, VADS
 from nanoasr.backend import ACTIVATIONS, DEVICES
-from nanoasr.cli import EXIT_FAILED, EXIT_OK, compile_notice, error, library_warnings, positive, transcribe
-from nanoasr.errors import NanoasrError
+from nanoasr.cli import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, compile_notice, error, library_warnings,
+                         live_limits, positive, transcribe)
+from nanoasr.errors import NanoasrError, OptionError
 
 PROG = "nanoasr serve"
 
@@ -55,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vad", default=DEFAULT_VAD, choices=VADS,
                         help="voice activity detector of live sessions' server_vad: silero (trained) or "
                              "energy (frame loudness)")
+    parser.add_argument("--partial-interval", type=positive(float), default=None, metavar="SECONDS",
+                        help="live sessions' new audio between partials (default 0.48; at most the 8 s "
+                             "window): longer leaves a slow CPU more time for finals")
     parser.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     parser.add_argument("--threads", type=positive(int), default=None, help="CPU threads")
     parser.add_argument("--activations", default="auto", choices=ACTIVATIONS,
@@ -88,9 +92,14 @@ def main(argv: list[str]) -> int:
         error(PROG, f"the server needs the 'server' extra ({exc.name} is missing): "
                     'pip install ".[server]" in the nanoasr checkout')
         return EXIT_FAILED
+    try:
+        limits = live_limits(args)
+    except OptionError as exc:
+        error(PROG, exc)
+        return EXIT_USAGE
     with (library_warnings(lambda message: print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)),
           compile_notice(lambda message: print(f"{PROG}: {message}", file=sys.stderr, flush=True))):
-        app = _app(args)
+        app = _app(args, limits)
         if app is None:
             return EXIT_FAILED
         server = uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
@@ -104,8 +113,9 @@ def main(argv: list[str]) -> int:
     return EXIT_OK if server.started else EXIT_FAILED
 
 
-def _app(args):
-    """The app on the loaded model, or None after an error line when the model does not load."""
+def _app(args, limits):
+    """The app on the loaded model, its live sessions held to `limits`, or None after an error line when the
+    model does not load."""
     from nanoasr.api import Model
     from nanoasr.server.app import create_app
 
@@ -115,11 +125,9 @@ def _app(args):
     except NanoasrError as exc:
         error(PROG, exc)
         return None
-    from nanoasr.realtime import Limits
-
     app = create_app(model, api_key=args.api_key, max_upload_mb=args.max_upload_mb, max_queue=args.max_queue,
                      max_uploads=args.max_uploads, max_duration_s=args.max_duration,
                      read_timeout_s=args.read_timeout, upload_timeout_s=args.upload_timeout,
                      min_upload_kib_s=args.min_upload_rate, upload_dir=args.upload_dir, warm_up=True)
-    app.state.live_limits = Limits(vad=args.vad)
+    app.state.live_limits = limits
     return app

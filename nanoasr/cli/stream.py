@@ -23,7 +23,8 @@ import numpy as np
 from nanoasr.audio import SAMPLE_RATE
 from nanoasr.audio.vad import DEFAULT_VAD, VADS
 from nanoasr.backend import ACTIVATIONS, DEVICES
-from nanoasr.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, compile_notice, error, library_warnings, positive
+from nanoasr.cli import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, compile_notice, error, library_warnings,
+                         live_limits, positive)
 from nanoasr.errors import NanoasrError, OptionError
 
 PROG = "nanoasr stream"
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vad", default=DEFAULT_VAD, choices=VADS,
                         help="voice activity detector: silero (trained) or energy (frame loudness)")
     parser.add_argument("--no-partials", action="store_true", help="finals only")
+    parser.add_argument("--partial-interval", type=positive(float), default=None, metavar="SECONDS",
+                        help="new audio between partials (default 0.48; at most the 8 s window): longer "
+                             "leaves a slow CPU more time for finals")
     return parser
 
 
@@ -103,13 +107,14 @@ def main(argv: list[str]) -> int:
 def _session(args):
     """The live session on the loaded model; options are checked before the model loads (OptionError)."""
     from nanoasr.api import Model, Options
-    from nanoasr.realtime import Limits, LiveSession, TurnDetection
+    from nanoasr.realtime import LiveSession, TurnDetection
 
     options = Options(language=args.language, context=args.context, hotwords=args.hotword)
     turn_detection = None if args.manual else TurnDetection(args.threshold,
                                                             silence_duration_ms=args.silence_ms)
+    limits = live_limits(args, partials=not args.no_partials)
     model = Model.load(args.model, device=args.device, threads=args.threads, activations=args.activations)
-    return LiveSession(model, options, turn_detection, Limits(partials=not args.no_partials, vad=args.vad))
+    return LiveSession(model, options, turn_detection, limits)
 
 
 def _chunks(args):
