@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "energy (frame loudness)")
     parser.add_argument("--partial-interval", type=positive(float), default=None, metavar="SECONDS",
                         help="live sessions' new audio between partials (default 0.48; at most the 8 s "
-                             "window): longer leaves a slow CPU more time for finals")
+                             "window): longer, less CPU for partials")
     parser.add_argument("--device", default="cpu", choices=DEVICES, help="where to run")
     parser.add_argument("--threads", type=positive(int), default=None, help="CPU threads")
     parser.add_argument("--activations", default="auto", choices=ACTIVATIONS,

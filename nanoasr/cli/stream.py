@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-partials", action="store_true", help="finals only")
     parser.add_argument("--partial-interval", type=positive(float), default=None, metavar="SECONDS",
                         help="new audio between partials (default 0.48; at most the 8 s window): longer "
-                             "leaves a slow CPU more time for finals")
+                             "costs less CPU")
     return parser
 
 

@@ -3,7 +3,7 @@
 
     python tools/bench/bench_realtime.py --model MODEL [--sessions 1,2,4] [--seconds 30] [--threads 2]
                                    [--silence-ms 500] [--max-latency 1.2] [--no-draft] [--no-batch]
-                                   [--tokens-per-second 4] [--json out.json]
+                                   [--tokens-per-second 4] [--partial-interval 0.48] [--json out.json]
     python tools/bench/bench_realtime.py --url ws://127.0.0.1:8000 --api-key KEY ...   (a running server)
     python tools/bench/bench_realtime.py --model MODEL --finals 5 [--threads 2] [--tokens-per-second 4]
                                                                            (final decodes alone)
@@ -229,7 +229,7 @@ def baseline_model(drafts: bool = True, batch: bool = True, tokens_per_second: f
 
 
 def serve_here(model: str, threads: int | None, drafts: bool = True, batch: bool = True,
-               tokens_per_second: float | None = None):
+               tokens_per_second: float | None = None, partial_interval_s: float | None = None):
     """The server on 127.0.0.1 in this process: (its ws:// URL, a function that stops it, its Service)."""
     import uvicorn
 
@@ -243,7 +243,8 @@ def serve_here(model: str, threads: int | None, drafts: bool = True, batch: bool
     kind = Model if plain else baseline_model(drafts, batch, tokens_per_second)
     loaded = kind.load(model, threads=threads)
     app = create_app(loaded, max_queue=256)
-    app.state.live_limits = Limits(vad="energy")  # the speakers are tones: Silero VAD hears no speech in them
+    cadence = {} if partial_interval_s is None else {"partial_interval_s": partial_interval_s}
+    app.state.live_limits = Limits(vad="energy", **cadence)  # the speakers are tones: Silero hears no speech
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                            ws_max_size=WS_MAX_BYTES))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -310,6 +311,9 @@ def main(argv=None) -> int:
                         help="time N final decodes alone, with and without a right draft (with --model)")
     parser.add_argument("--tokens-per-second", type=float, default=None,
                         help="with --model: cap each decode at this many tokens per second of its audio")
+    parser.add_argument("--partial-interval", type=float, default=None,
+                        help="with --model: seconds of new audio between a session's partials (the server's "
+                             "--partial-interval)")
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args(argv)
     logging.getLogger("nanoasr").setLevel(logging.ERROR)  # a random model's budget warnings, once a decode
@@ -326,7 +330,7 @@ def main(argv=None) -> int:
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         return 0
     url, stop, service = (serve_here(args.model, args.threads, not args.no_draft, not args.no_batch,
-                                     args.tokens_per_second)
+                                     args.tokens_per_second, args.partial_interval)
                           if args.model else (args.url.rstrip("/"), None, None))
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     results = []
