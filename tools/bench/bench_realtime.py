@@ -26,8 +26,7 @@ read the same words (the transcript of a trained model holds still as the audio 
 does not, so over the server its drafts are rejected early and the rounds above show no gain from them).
 A random checkpoint also decodes until its token budget or repetition guard; --tokens-per-second R caps each
 decode (the finals of --finals, and the served sessions' partials and finals) at R tokens per second of its
-audio (max_new_tokens), the length of a trained model's transcript (speech runs at about 3-5 tokens a
-second), so that the decodes have a real transcript's length.
+audio (max_new_tokens), a stand-in for the length of a trained model's transcript.
 """
 from __future__ import annotations
 
@@ -200,6 +199,11 @@ async def round_of(url: str, headers: dict, sessions: int, args):
     return runs, audio_s
 
 
+def token_budget(tokens_per_second: float, seconds: float) -> int:
+    """max_new_tokens for `seconds` of audio at `tokens_per_second` (at least 1)."""
+    return max(1, round(tokens_per_second * seconds))
+
+
 def baseline_model(drafts: bool = True, batch: bool = True, tokens_per_second: float | None = None):
     """Model, less its `draft` (every decode from the prompt alone) unless `drafts`, decoding the live
     sessions' decodes one at a time unless `batch`, and each decode capped at `tokens_per_second` of its
@@ -208,8 +212,8 @@ def baseline_model(drafts: bool = True, batch: bool = True, tokens_per_second: f
 
     from nanoasr.api import Model
 
-    def budget(wave) -> int | None:
-        return max(1, round(tokens_per_second * len(wave) / SR)) if tokens_per_second else None
+    def budget(wave) -> int:  # the live sessions' waves are at 16 kHz
+        return token_budget(tokens_per_second, len(wave) / SR)
 
     class Baseline(Model):
         def transcribe(self, audio, *, draft=None, **options):
@@ -276,7 +280,7 @@ def final_times(model_path: str, utterances: int, threads: int | None,
     for _ in range(utterances):
         seconds = rng.uniform(2.0, 6.0)
         wave = speech_like(seconds, int(rng.integers(1 << 30)))
-        budget = {"max_new_tokens": max(1, round(tokens_per_second * seconds))} if tokens_per_second else {}
+        budget = {"max_new_tokens": token_budget(tokens_per_second, seconds)} if tokens_per_second else {}
         start = time.perf_counter()
         plain = model.transcribe(wave, sample_rate=SR, **budget)
         plain_s.append(time.perf_counter() - start)
