@@ -17,11 +17,15 @@ partial text while an utterance goes on, and the exact final text of each uttera
   right, and the final decodes on from the first token that differs. Where the final differs from text
   already sent as deltas, the deltas stand (they are never retracted) and `Completed` carries the
   authoritative text; otherwise its remainder goes out as a last delta, so the deltas spell the final.
+- Finals ahead: while the detector hears silence after speech (its `pending_end`), the audio that silence's
+  endpoint would finalize is known once the silence has lasted TAIL_MS; the feed's decode is then that final
+  instead of a partial, and the endpoint finds it decoded. Speech that comes back makes it a wasted decode,
+  in place of a partial that would have read the pause.
 - Memory: an utterance is cut, and finalized, at MAX_UTTERANCE_S; between utterances only the pre-roll is
   kept. A session holds at most MAX_UTTERANCE_S + PREROLL_S seconds of audio, whatever the stream's length.
 
 The session is synchronous and single-threaded: each call runs the decodes it needs before it returns, at
-most one partial per `feed`, so a caller that batches audio when decoding falls behind gets fewer partials,
+most one partial (or final ahead) per `feed`, so a caller that batches audio when decoding falls behind gets fewer partials,
 never a growing queue of them. Sessions that share a model may share a nanoasr.batching.DecodeScheduler
 (`scheduler`), which decodes their partials and finals together, each with the same token ids; a partial the
 scheduler drops (its queue is full) is decoded again at the next feed.
@@ -37,12 +41,14 @@ from nanoasr.api import Model, Options, join_texts
 from nanoasr.audio import SAMPLE_RATE
 from nanoasr.audio.vad import DEFAULT_THRESHOLD, DEFAULT_VAD, VADS, Transition, streaming_vad
 from nanoasr.errors import AudioError, NanoasrError, OptionError
+from nanoasr.transcript import Transcript
 
 PARTIAL_INTERVAL_S = 0.48  # FunASR's decode interval: a first word about half a second after speech starts
 PARTIAL_WINDOW_S = 8.0  # FunASR 1.4.16's partial window: re-encoding costs O(window^2), so it is bounded
 MAX_UTTERANCE_S = 30.0  # the decoder reads at most 30 s at once; longer speech is cut and finalized here
 MIN_COMMIT_MS = 100  # OpenAI refuses a commit of less audio
 TAIL_MS = 300  # audio kept after an utterance's last speech frame: word tails under the threshold
+TAIL = TAIL_MS * SAMPLE_RATE // 1000
 PREROLL_S = 2.0  # audio kept between utterances beyond the prefix padding: speech is confirmed after it began
 PIECE = SAMPLE_RATE // 10  # endpointed 0.1 s at a time: an utterance is cut within 0.1 s of its limit
 
@@ -198,6 +204,7 @@ class LiveSession:
         self.item: int | None = None  # the utterance under way (server VAD), with its start sample
         self.item_start = 0
         self.partial = _Partials(0, 0)
+        self.ahead: _Ahead | None = None  # the final decoded before its endpoint, for the utterance under way
 
     @property
     def stream_ms(self) -> int:
@@ -211,14 +218,15 @@ class LiveSession:
         return ms(self.audio.end - start)
 
     def feed(self, samples, partial: bool = True) -> list:
-        """Endpoint `samples` ([N] float32, 16 kHz, continuing the stream); at most one partial decode, none
-        when not `partial` (a caller that has fallen behind catches up first)."""
+        """Endpoint `samples` ([N] float32, 16 kHz, continuing the stream); at most one decode besides the
+        finals of utterances that ended (a partial, or a final decoded ahead), none when not `partial` (a
+        caller that has fallen behind catches up first)."""
         samples = _check_samples(samples)
         events = []
         for i in range(0, len(samples), PIECE):
             events += self._piece(samples[i:i + PIECE])
-        if partial and self.item is not None and self.limits.partials and self.audio.end >= self.partial.due:
-            events += self._partial()
+        if partial and self.item is not None and self.limits.partials:
+            events += self._decode_next()
         return events
 
     def commit(self) -> list:
@@ -250,6 +258,7 @@ class LiveSession:
         """A new item starts at stream sample `at`."""
         self.item_start, self.item, self.items = at, self.items, self.items + 1
         self.partial = _Partials(at, at + int(self.limits.partial_interval_s * SAMPLE_RATE))
+        self.ahead = None
 
     def _piece(self, samples) -> list:
         self.audio.append(samples)
@@ -281,8 +290,7 @@ class LiveSession:
             return [self._start(max(self.audio.start, t.at - pad))]
         if self.item is None:  # the speech was committed or cleared already
             return []
-        return self._finalize(max(self.item_start, min(t.at + TAIL_MS * SAMPLE_RATE // 1000, t.found)),
-                              stopped=True)
+        return self._finalize(max(self.item_start, min(t.at + TAIL, t.found)), stopped=True)
 
     def _start(self, at: int) -> SpeechStarted:
         self._begin(at)
@@ -294,7 +302,7 @@ class LiveSession:
         events = [SpeechStopped(item, ms(end))] if stopped else []
         events.append(Committed(item, ms(start), ms(end)))
         try:
-            events += self._final(item, self.audio.span(start, end))
+            events += self._final(item, start, end)
         except NanoasrError as exc:  # the model refused this audio; the session goes on
             events.append(Failed(item, str(exc)))
         finally:
@@ -302,10 +310,14 @@ class LiveSession:
             self.item = None
         return events
 
-    def _final(self, item: int, wave) -> list:
+    def _final(self, item: int, start: int, end: int) -> list:
+        wave, ahead, self.ahead = self.audio.span(start, end), self.ahead, None
         text, ids = "", ()
         if len(wave) >= MIN_COMMIT_MS * SAMPLE_RATE // 1000:  # less is no speech (a cut at the limit)
-            transcript = self._transcribe(wave, self.partial.draft(), final=True)
+            if ahead is not None and (ahead.item, ahead.end) == (item, end) and ahead.transcript is not None:
+                transcript = ahead.transcript  # the same audio and options: the same transcript
+            else:
+                transcript = self._transcribe(wave, self.partial.draft(), final=True)
             text = transcript.text
             ids = tuple(t for segment in transcript.segments for t in segment.token_ids)
         sent = self.partial.sent
@@ -317,6 +329,25 @@ class LiveSession:
             return self.scheduler.decode(wave, self.options, draft, final)
         return self.model.transcribe(wave, sample_rate=SAMPLE_RATE, draft=draft,
                                      **dataclasses.asdict(self.options))
+
+    def _decode_next(self) -> list:
+        """The feed's decode. While the detector hears silence after speech: once the audio that silence's
+        endpoint would finalize is here, that final, decoded ahead so that the endpoint finds it done (a
+        partial would only read the silence); else the partial, when it is due."""
+        pending = None if self.vad is None else self.vad.pending_end()
+        if pending is None:
+            return self._partial() if self.audio.end >= self.partial.due else []
+        end = max(self.item_start, pending + TAIL)  # as _transition ends the utterance, when that is after it
+        if self.audio.end >= end and (self.ahead is None or self.ahead.end != end):
+            transcript = None
+            if end - self.item_start >= MIN_COMMIT_MS * SAMPLE_RATE // 1000:
+                try:
+                    transcript = self._transcribe(self.audio.span(self.item_start, end), self.partial.draft(),
+                                                  final=True)
+                except NanoasrError:  # the final decodes it again, and reports the failure
+                    pass
+            self.ahead = _Ahead(self.item, end, transcript)
+        return []
 
     def _partial(self) -> list:
         """Decode the partial window again; the newly agreed text, if any, as a delta."""
@@ -330,6 +361,16 @@ class LiveSession:
             text += state.agree(ids, self.model.tokenizer.decode, end)
             state.due = end + int(self.limits.partial_interval_s * SAMPLE_RATE)
         return [Delta(self.item, text)] if text else []
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """The final of utterance `item` if it ends at stream sample `end`: decoded while its endpoint's
+    silence went on (None: that decode failed)."""
+
+    item: int
+    end: int
+    transcript: Transcript | None
 
 
 class _Partials:

@@ -9,7 +9,7 @@ import pytest
 from nanoasr.api import Options
 from nanoasr.audio.vad import HOP, StreamingVad, silence_limit_ms
 from nanoasr.errors import AudioError, ModelError, OptionError
-from nanoasr.realtime import (MAX_UTTERANCE_S, Committed, Completed, Delta, Failed, Limits, LiveSession,
+from nanoasr.realtime import (MAX_UTTERANCE_S, TAIL, Committed, Completed, Delta, Failed, Limits, LiveSession,
                               SpeechStarted, SpeechStopped, TurnDetection)
 from nanoasr.transcript import Segment, Transcript
 from tools.lib.synth import speech_like
@@ -186,6 +186,45 @@ def test_an_utterance_is_cut_at_the_limit_and_memory_stays_bounded():
     assert len(session.audio.data) <= 8 * SR and session.audio.end - session.audio.start <= 3 * SR
     with pytest.raises(OptionError, match="max_utterance_s"):
         Limits(max_utterance_s=MAX_UTTERANCE_S + 1)
+
+
+def pending_ends_match_the_ends(vad, clip, piece) -> int:
+    """Feed `clip` in pieces: each speech end's `at` is what pending_end said before the piece that found it,
+    and there is no pending end outside speech; -> the number of speech ends."""
+    pending, ends = None, 0
+    for i in range(0, len(clip), piece):
+        for t in vad.feed(clip[i:i + piece]):
+            if not t.speech:
+                assert pending == t.at
+                ends += 1
+        pending = vad.pending_end()
+        assert vad.in_speech or pending is None
+    return ends
+
+
+def test_the_energy_detector_tells_where_a_silence_would_end_the_speech():
+    clip, truth = utterances_clip()
+    assert pending_ends_match_the_ends(StreamingVad(silence_ms=500), clip, HOP) == len(truth)
+
+
+def test_the_final_is_decoded_while_its_endpoint_silence_goes_on():
+    model = Scripted(lambda n: (n // 160,))  # the audio's length in 10 ms: a final of other audio differs
+    session = LiveSession(model, Options(), TurnDetection(silence_duration_ms=1000), Limits(vad=TONES))
+    quiet = np.zeros(int(0.6 * SR), np.float32)  # a pause under the silence that ends the utterance
+    clip = np.concatenate([speech(2.0), quiet, speech(1.0), quiet, quiet, quiet])
+    events = []
+    for i in range(0, len(clip), 1600):
+        calls = len(model.calls)
+        new = session.feed(clip[i:i + 1600])
+        if of(new, Completed):
+            assert len(model.calls) == calls  # the endpoint found its final decoded already
+        events += new
+    (committed,), (done,) = of(events, Committed), of(events, Completed)
+    length = (committed.audio_end_ms - committed.audio_start_ms) * 16
+    assert done.token_ids == (length // 160,) and model.calls[-1] == length
+    # at the pause the final was decoded ahead too, up to the pause's start and the tail: speech came back
+    at_pause = 2 * SR + TAIL - committed.audio_start_ms * 16
+    assert [n for n in model.calls if abs(n - at_pause) <= 0.03 * SR] != []
 
 
 def test_bad_samples_are_refused():

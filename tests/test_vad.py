@@ -12,7 +12,7 @@ from nanoasr.audio.vad import DEFAULT_VAD, SileroVad, StreamingVad, streaming_va
 from nanoasr.errors import OptionError
 from nanoasr.realtime import Committed, Limits, LiveSession, SpeechStarted, TurnDetection
 from nanoasr.api import Options
-from tests.test_realtime import Scripted, feed, of, speech
+from tests.test_realtime import Scripted, feed, of, pending_ends_match_the_ends, speech
 from tests.test_silero import SENTENCES, espeak, needs_espeak
 
 SR = 16000
@@ -58,6 +58,12 @@ def test_each_sentence_is_found_whatever_the_chunk_size(tmp_path, chunk):
         assert abs(on.at - start) <= 0.15 * SR and abs(off.at - end) <= 0.25 * SR
         assert on.at % silero.CHUNK == 0 and off.found - off.at >= 0.5 * SR  # the silence waited out
     assert found == SileroVad(silence_ms=500).feed(clip)
+
+
+@needs_espeak
+def test_silero_tells_where_a_silence_would_end_the_speech(tmp_path):
+    clip, truth = sentences_clip(tmp_path)
+    assert pending_ends_match_the_ends(SileroVad(silence_ms=500), clip, silero.CHUNK) == len(truth)
 
 
 @needs_espeak

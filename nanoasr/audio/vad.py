@@ -1,5 +1,6 @@
 """Voice activity on a live stream, and FunASR's endpointing rule (the silence that ends an utterance shrinks
-as the utterance grows). Two detectors with one interface (`feed` -> Transitions, `restart`, `end_speech`):
+as the utterance grows). Two detectors with one interface (`feed` -> Transitions, `pending_end`, `restart`,
+`end_speech`):
 
 - `SileroVad` (the default, "silero"): Silero VAD's speech probability per 32 ms chunk (nanoasr.audio.silero).
   A chunk is speech at `threshold` or above and silence under `threshold - NEG_OFFSET` (Silero's own
@@ -109,6 +110,14 @@ class SileroVad:
                 return Transition(False, self._sample(self.last_speech + 1), self._sample(k + 1))
         return None
 
+    def pending_end(self) -> int | None:
+        """While speech is under way and the latest chunk is not speech: the stream sample where the speech
+        ends if the silence goes on (the `at` of the Transition that would end it); else None."""
+        chunks = self.probabilities.chunks
+        if not self.in_speech or self.last_speech is None or chunks - 1 <= self.last_speech:
+            return None
+        return self._sample(self.last_speech + 1)
+
     def _sample(self, chunk: int) -> int:  # the stream sample where `chunk` begins
         return self.origin + chunk * silero.CHUNK
 
@@ -177,6 +186,13 @@ class StreamingVad:
             self.in_speech = False
             return Transition(False, self._sample(self.last_speech) + FRAME, self._sample(k) + FRAME)
         return None
+
+    def pending_end(self) -> int | None:
+        """While speech is under way and the latest frame is not speech: the stream sample where the speech
+        ends if the silence goes on (the `at` of the Transition that would end it); else None."""
+        if not self.in_speech or self.last_speech is None or self.frames - 1 <= self.last_speech:
+            return None
+        return self._sample(self.last_speech) + FRAME
 
     def _sample(self, frame: int) -> int:  # the stream sample where `frame` begins
         return self.origin + frame * HOP

@@ -246,14 +246,14 @@ def serve_here(model: str, threads: int | None, drafts: bool = True, batch: bool
     plain = drafts and batch and not tokens_per_second
     kind = Model if plain else baseline_model(drafts, batch, tokens_per_second)
     loaded = kind.load(model, threads=threads)
-    app = create_app(loaded, max_queue=256)
+    app = create_app(loaded, max_queue=256, warm_up=True)  # as `nanoasr serve`: no compiling in a round
     cadence = {} if partial_interval_s is None else {"partial_interval_s": partial_interval_s}
     app.state.live_limits = Limits(vad="energy", **cadence)  # the speakers are tones: Silero hears no speech
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                            ws_max_size=WS_MAX_BYTES))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600  # the warm-up compiles the kernels where none are cached
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the server did not start")
