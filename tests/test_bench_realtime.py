@@ -36,6 +36,8 @@ def test_latencies_are_matched_to_the_utterance_each_item_covers():
     summary = bench.summarize([run], 15.0, 3.0, 40.0, max_latency=1.2)
     assert summary["end_of_speech_to_completed_s"]["n"] == 2 and summary["completed"] == 2
     assert summary["real_time"] is False and summary["cpu_s_per_audio_s"] == 0.2
+    first, second = summary["end_of_speech_to_completed_by_half_s"]  # utterance a; b and the missed one
+    assert first == {"p50": 1.0, "p95": 1.0, "n": 1} and second == {"p50": 1.5, "p95": 1.5, "n": 1}
 
 
 def test_the_baseline_model_decodes_without_drafts(fast_model, monkeypatch):

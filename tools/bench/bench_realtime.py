@@ -11,8 +11,9 @@
 Each speaker sends its own clip (utterances of 2-6 s with speech-like pauses inside, 3 s of silence after
 each, so the server's VAD ends each one) as 24 kHz PCM16 in 40 ms appends, paced by the clock, with
 server VAD's silence_duration_ms at --silence-ms (the end-of-speech latency includes that wait). Per
-utterance: end of speech (its last loud sample) to `completed`, and start of speech to the first delta; per
-item, the mean gap between deltas (partial cadence). With --model the server runs in this process, so its
+utterance: end of speech (its last loud sample) to `completed` (also over the first and the second half of
+each clip: a session falling behind real time has a lag that grows), and start of speech to the first delta;
+per item, the mean gap between deltas (partial cadence). With --model the server runs in this process, so its
 CPU seconds and resident memory are measured and reported per session. A session count stays real time when
 every utterance was completed and the p95 end-of-speech latency is within --max-latency. --no-draft serves a
 model that decodes finals and partials without their drafts (the previous partial's token ids), the baseline
@@ -151,12 +152,17 @@ def percentiles(values) -> dict:
 
 def summarize(runs: list[dict], audio_s: float, cpu_s, rss_mb, max_latency: float) -> dict:
     """The round's figures; `cpu_s` and `rss_mb` are the server process's (None when it runs elsewhere)."""
-    times = [u for run in runs for u in utterance_times(run)]
+    per_run = [utterance_times(run) for run in runs]
+    times = [u for run in per_run for u in run]
+    halves = [[u for run in per_run for u in run[:len(run) // 2]],
+              [u for run in per_run for u in run[len(run) // 2:]]]
     latency = percentiles(u["latency"] for u in times)
     completed = sum(u["latency"] is not None for u in times)
     real_time = completed == len(times) and latency["p95"] is not None and latency["p95"] <= max_latency
     return {"sessions": len(runs), "utterances": len(times), "completed": completed,
             "end_of_speech_to_completed_s": latency,
+            # a session that keeps real time has the same latency late in its clip as early on
+            "end_of_speech_to_completed_by_half_s": [percentiles(u["latency"] for u in h) for h in halves],
             "speech_start_to_first_delta_s": percentiles(u["first_delta"] for u in times),
             "partial_cadence_s": percentiles(u["cadence"] for u in times),
             "cpu_s_per_audio_s": None if cpu_s is None else round(cpu_s / audio_s, 3),
