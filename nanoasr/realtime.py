@@ -25,10 +25,10 @@ partial text while an utterance goes on, and the exact final text of each uttera
   kept. A session holds at most MAX_UTTERANCE_S + PREROLL_S seconds of audio, whatever the stream's length.
 
 The session is synchronous and single-threaded: each call runs the decodes it needs before it returns, at
-most one partial (or final ahead) per `feed`, so a caller that batches audio when decoding falls behind gets fewer partials,
-never a growing queue of them. Sessions that share a model may share a nanoasr.batching.DecodeScheduler
-(`scheduler`), which decodes their partials and finals together, each with the same token ids; a partial the
-scheduler drops (its queue is full) is decoded again at the next feed.
+most one partial (or final ahead) per `feed`, so a caller that batches audio when decoding falls behind gets
+fewer partials, never a growing queue of them. Sessions that share a model may share a
+nanoasr.batching.DecodeScheduler (`scheduler`), which decodes their partials and finals together, each with
+the same token ids; a partial the scheduler drops (its queue is full) is decoded again at the next feed.
 """
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ class FakeStream:
 
 
 def test_a_microphone_until_ctrl_c_gives_the_events_of_the_same_pcm_from_a_pipe(tiny_dir, fast_model,
-                                                                                  monkeypatch, capsys):
+                                                                                monkeypatch, capsys):
     clip, _ = utterances_clip()
     at_48k = soxr.resample(clip, 16000, 48000, "HQ")
     raw = (np.clip(at_48k, -1, 32767 / 32768) * 32768).astype("<i2").tobytes()

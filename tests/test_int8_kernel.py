@@ -187,19 +187,19 @@ def test_kernel_quantization_matches_the_twin_bit_for_bit():
 def test_int8_product_refuses_wrong_arguments():
     with pytest.raises(ValueError, match="q8_0 data"):
         stored.matvec_int8(np.zeros((1, 64), np.float32), np.zeros((4, 64), np.uint8), "q8_0", 4, 64,
-                        np.zeros((1, 4), np.float32), "avx2")
+                           np.zeros((1, 4), np.float32), "avx2")
     with pytest.raises(ValueError, match="out must have"):
         stored.matvec_int8(np.zeros((2, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
-                        np.zeros((1, 4), np.float32), "avx2")
+                           np.zeros((1, 4), np.float32), "avx2")
     with pytest.raises(ValueError, match="int8 activations need q8_0, q4_k or q6_k weights; got 'bf16'"):
         stored.matvec_int8(np.zeros((1, 256), np.float32), np.zeros((4, 256), np.uint16), "bf16", 4, 256,
-                        np.zeros((1, 4), np.float32), "avx2")
+                           np.zeros((1, 4), np.float32), "avx2")
     with pytest.raises(ValueError, match="int8 activations need q8_0, q4_k or q6_k weights; got 'f16'"):
         stored.gemm_int8(np.zeros((9, 256), np.float32), np.zeros((4, 256), np.uint16), "f16", 4, 256,
-                      np.zeros((9, 4), np.float32), "vnni")
+                         np.zeros((9, 4), np.float32), "vnni")
     with pytest.raises(ValueError, match="out must have"):
         stored.gemm_int8(np.zeros((9, 64), np.float32), np.zeros((4, 68), np.uint8), "q8_0", 4, 64,
-                      np.zeros((8, 4), np.float32), "vnni")
+                         np.zeros((8, 4), np.float32), "vnni")
 
 
 @paths

@@ -156,7 +156,7 @@ def test_matvec_writes_into_the_given_buffer():
     (lambda: stored.matvec(np.zeros((1, 64), np.float64), np.zeros((4, 64), np.float32), "f32", 4, 64,
                            np.zeros((1, 4), np.float32)), "x must be"),
     (lambda: stored.matvec(np.zeros((2, 64), np.float32), np.zeros((4, 64), np.float32), "f32", 4, 64,
-                        np.zeros((1, 4), np.float32)), "out must have 2 rows"),
+                           np.zeros((1, 4), np.float32)), "out must have 2 rows"),
     (lambda: stored.widen(np.zeros((4, 128), np.float32)[:, ::2], "f32", 4, 64,
                           np.zeros((4, 64), np.float32)), "contiguous"),
 ])
