@@ -311,18 +311,26 @@ class LiveSession:
         return events
 
     def _final(self, item: int, start: int, end: int) -> list:
-        wave, ahead, self.ahead = self.audio.span(start, end), self.ahead, None
+        ahead, self.ahead = self.ahead, None
+        transcript = None
+        if ahead is not None and (ahead.item, ahead.end) == (item, end):
+            transcript = ahead.transcript  # the same audio and options: the same transcript
+        if transcript is None:
+            transcript = self._final_transcript(start, end)
         text, ids = "", ()
-        if len(wave) >= MIN_COMMIT_MS * SAMPLE_RATE // 1000:  # less is no speech (a cut at the limit)
-            if ahead is not None and (ahead.item, ahead.end) == (item, end) and ahead.transcript is not None:
-                transcript = ahead.transcript  # the same audio and options: the same transcript
-            else:
-                transcript = self._transcribe(wave, self.partial.draft(), final=True)
+        if transcript is not None:
             text = transcript.text
             ids = tuple(t for segment in transcript.segments for t in segment.token_ids)
         sent = self.partial.sent
         tail = [Delta(item, text[len(sent):])] if text.startswith(sent) and len(text) > len(sent) else []
-        return tail + [Completed(item, text, ids, len(wave) / SAMPLE_RATE)]
+        return tail + [Completed(item, text, ids, (end - start) / SAMPLE_RATE)]
+
+    def _final_transcript(self, start: int, end: int) -> Transcript | None:
+        """The transcript of stream samples [start, end) of the utterance under way, with the partials' draft;
+        None for less than MIN_COMMIT_MS of audio, which is no speech (a cut at the limit)."""
+        if end - start < MIN_COMMIT_MS * SAMPLE_RATE // 1000:
+            return None
+        return self._transcribe(self.audio.span(start, end), self.partial.draft(), final=True)
 
     def _transcribe(self, wave, draft, final: bool):  # -> Transcript, or None: a partial that was dropped
         if self.scheduler is not None:
@@ -340,12 +348,10 @@ class LiveSession:
         end = max(self.item_start, pending + TAIL)  # as _transition ends the utterance, when that is after it
         if self.audio.end >= end and (self.ahead is None or self.ahead.end != end):
             transcript = None
-            if end - self.item_start >= MIN_COMMIT_MS * SAMPLE_RATE // 1000:
-                try:
-                    transcript = self._transcribe(self.audio.span(self.item_start, end), self.partial.draft(),
-                                                  final=True)
-                except NanoasrError:  # the final decodes it again, and reports the failure
-                    pass
+            try:
+                transcript = self._final_transcript(self.item_start, end)
+            except NanoasrError:  # the final decodes it again, and reports the failure
+                pass
             self.ahead = _Ahead(self.item, end, transcript)
         return []
 
@@ -366,7 +372,7 @@ class LiveSession:
 @dataclass(frozen=True)
 class _Ahead:
     """The final of utterance `item` if it ends at stream sample `end`: decoded while its endpoint's
-    silence went on (None: that decode failed)."""
+    silence went on (None: too little audio, or that decode failed; the final decodes it again)."""
 
     item: int
     end: int

@@ -106,18 +106,16 @@ def live_limits(args, **more):
     """nanoasr.realtime.Limits of a live command's --vad and --partial-interval (OptionError naming the option
     where Limits refuses the interval)."""
     from nanoasr.errors import OptionError
-    from nanoasr.realtime import Limits
+    from nanoasr.realtime import PARTIAL_WINDOW_S, Limits
 
-    if args.partial_interval is None:
-        return Limits(vad=args.vad, **more)
+    cadence = {} if args.partial_interval is None else {"partial_interval_s": args.partial_interval}
     try:
-        return Limits(vad=args.vad, partial_interval_s=args.partial_interval, **more)
+        return Limits(vad=args.vad, **cadence, **more)
     except OptionError as exc:
         if exc.field != "partial_interval_s":
             raise
-        window = Limits().partial_window_s
-        raise OptionError(f"--partial-interval must be at most {window:g} s (the window a partial decodes); "
-                          f"got {args.partial_interval:g}", "partial_interval") from None
+        raise OptionError(f"--partial-interval must be at most {PARTIAL_WINDOW_S:g} s (the window a partial "
+                          f"decodes); got {args.partial_interval:g}", "partial_interval") from None
 
 
 class _LineHandler(logging.Handler):
