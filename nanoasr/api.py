@@ -339,14 +339,16 @@ class Model:
                                   drafts={0: draft} if draft and len(call.spans) == 1 else None)
         return self._close_call(call)
 
-    def transcribe_together(self, requests) -> list[Transcript]:
+    def transcribe_together(self, requests, stop=None) -> list[Transcript]:
         """Transcribe several pieces of audio of one segment each (at most MAX_SEGMENT_S: longer audio is
         refused with AudioTooLongError), each with its own Options and draft, decoding them together: each
         decode step is one pass over the weights for all their rows. `requests`: (wave [N] float32 at 16 kHz,
         Options, draft or None), at most `together_rows`, sharing `reference` and `ignore_stop`. Each
         transcript is `transcribe(wave, sample_rate=16000, draft=draft, **options)`'s token for token: each
         prompt is prefilled in its own forward, as it is alone, and a decode step's products give each row its
-        bits alone (generate's `alone_prefills`). Live sessions sharing a model use it (nanoasr.batching)."""
+        bits alone (generate's `alone_prefills`). Live sessions sharing a model use it (nanoasr.batching).
+        `stop()`, when given, is asked before each encoding, prefill and decode step; True gives the call up,
+        raising nanoasr.model.generate.Stopped."""
         requests = [(wave, options, self._check_draft(draft)) for wave, options, draft in requests]
         if not 1 <= len(requests) <= self.together_rows:
             raise OptionError(f"transcribe_together takes 1 to {self.together_rows} requests; got "
@@ -370,7 +372,8 @@ class Model:
                                   self.config.text, self.tokenizer.stop_ids, options.ignore_stop,
                                   rows=len(decoded), timer=timer, on_done=finished,
                                   bf16_rope=options.reference == "funasr", alone_prefills=True,
-                                  drafts={row: draft for row, (_, draft) in enumerate(decoded) if draft})
+                                  drafts={row: draft for row, (_, draft) in enumerate(decoded) if draft},
+                                  stop=stop)
         return [self._close_call(call) for call in calls]
 
     @property

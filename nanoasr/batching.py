@@ -10,14 +10,21 @@ default: two full batches on the CPU; a partial queued behind more would be stal
 that finds it full is dropped (its session decodes one again at its next feed); a final takes the place of
 the newest queued partial, which is dropped, or waits for room. A session waits for its decode, so it has
 at most one queued, and the queue's memory is bounded by its audio (30 s at most per decode).
+
+Finals come first while a batch runs, too: a batch of partials stops (between decode steps) as soon as a final
+is queued, and its partials are dropped, so that a final never waits for partials to finish decoding. A
+partial whose session no longer needs it (`cancelled`, set by the session) leaves the queue, and a batch
+whose every partial is cancelled stops the same way.
 """
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from nanoasr.api import Model, Options
 from nanoasr.errors import NanoasrError
+from nanoasr.model.generate import Stopped
 from nanoasr.transcript import Transcript
 
 MAX_QUEUE = 16
@@ -29,17 +36,18 @@ class _Request:
     options: Options
     draft: list[int] | None
     final: bool
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Transcript | None = None  # None once done: dropped
-    error: BaseException | None = None
+    cancelled: threading.Event  # set by the session: the decode is no longer wanted
+    done: Future = field(default_factory=Future)  # the Transcript, or None: dropped
 
     @property
     def key(self) -> tuple:  # what decodes taken together must share (Model.transcribe_together)
         return self.options.reference, self.options.ignore_stop
 
     def answer(self, result: Transcript | None = None, error: BaseException | None = None) -> None:
-        self.result, self.error = result, error
-        self.done.set()
+        if error is not None:
+            self.done.set_exception(error)
+        else:
+            self.done.set_result(result)
 
 
 class DecodeScheduler:
@@ -55,6 +63,7 @@ class DecodeScheduler:
         self.rows = min(rows or model.together_rows, model.together_rows)
         self.execute = execute or (lambda fn, *args: fn(*args))
         self.batches = self.decoded = self.dropped = 0  # batches run, decodes in them, partials dropped
+        self.stopped = 0  # batches of partials stopped for a final or for their sessions
         self._queue: list[_Request] = []
         self._changed = threading.Condition()
         self._closed = False
@@ -63,22 +72,29 @@ class DecodeScheduler:
 
     def decode(self, wave, options: Options, draft=None, final: bool = True) -> Transcript | None:
         """The transcript of `wave` (one segment, Model.transcribe_together), decoded with whatever else is
-        queued; None for a partial (`final` False) dropped because the queue was full."""
-        request = _Request(wave, options, None if draft is None else list(draft), final)
+        queued; None for a partial (`final` False) dropped: the queue was full, or a final needed the
+        weights."""
+        return self.submit(wave, options, draft, final).result()
+
+    def submit(self, wave, options: Options, draft=None, final: bool = True,
+               cancelled: threading.Event | None = None) -> Future:
+        """`decode`'s answer as a Future, which a caller need not wait on. Setting `cancelled` tells the
+        scheduler that a partial is no longer wanted: it answers None without being decoded, or its batch
+        stops. A final waits here while the queue is full of finals."""
+        request = _Request(wave, options, None if draft is None else list(draft), final,
+                           cancelled or threading.Event())
         with self._changed:
             while not self._closed and len(self._queue) >= self.max_queue and not self._displace(request):
                 if not final:
                     self.dropped += 1
-                    return None
+                    request.answer()
+                    return request.done
                 self._changed.wait()
             if self._closed:
                 raise RuntimeError("the decode scheduler is closed")
             self._queue.append(request)
             self._changed.notify_all()
-        request.done.wait()
-        if request.error is not None:
-            raise request.error
-        return request.result
+        return request.done
 
     def close(self) -> None:
         """Decode what is queued, then stop the scheduler's thread."""
@@ -109,19 +125,40 @@ class DecodeScheduler:
             self._run(batch)
 
     def _take(self) -> list[_Request]:
-        """Finals before partials, each in arrival order, up to `rows` of those that can share the first."""
+        """Finals before partials, each in arrival order, up to `rows` of those that can share the first;
+        cancelled partials are answered (dropped) on the way."""
+        for request in [r for r in self._queue if r.cancelled.is_set() and not r.final]:
+            self._queue.remove(request)
+            self.dropped += 1
+            request.answer()
+        if not self._queue:
+            return []
         ordered = sorted(self._queue, key=lambda r: not r.final)
         batch = [r for r in ordered if r.key == ordered[0].key][:self.rows]
         for request in batch:
             self._queue.remove(request)
         return batch
 
+    def _stops(self, batch: list[_Request]) -> bool:
+        """Whether a running batch of partials gives way: a final is queued, or no partial in it is wanted."""
+        if any(r.final for r in batch):
+            return False
+        with self._changed:
+            return any(r.final for r in self._queue) or all(r.cancelled.is_set() for r in batch)
+
     def _run(self, batch: list[_Request]) -> None:
         """Decode the batch together; where the model refuses one decode's audio, each is decoded alone so
         that the refusal goes to its own session only."""
+        if not batch:
+            return
         try:
             results = self.execute(self.model.transcribe_together,
-                                   [(r.wave, r.options, r.draft) for r in batch])
+                                   [(r.wave, r.options, r.draft) for r in batch], lambda: self._stops(batch))
+        except Stopped:
+            self.stopped, self.dropped = self.stopped + 1, self.dropped + len(batch)
+            for request in batch:
+                request.answer()
+            return
         except NanoasrError as exc:
             if len(batch) == 1:
                 batch[0].answer(error=exc)

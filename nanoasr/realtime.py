@@ -24,16 +24,21 @@ partial text while an utterance goes on, and the exact final text of each uttera
 - Memory: an utterance is cut, and finalized, at MAX_UTTERANCE_S; between utterances only the pre-roll is
   kept. A session holds at most MAX_UTTERANCE_S + PREROLL_S seconds of audio, whatever the stream's length.
 
-The session is synchronous and single-threaded: each call runs the decodes it needs before it returns, at
-most one partial (or final ahead) per `feed`, so a caller that batches audio when decoding falls behind gets
-fewer partials, never a growing queue of them. Sessions that share a model may share a
-nanoasr.batching.DecodeScheduler (`scheduler`), which decodes their partials and finals together, each with
-the same token ids; a partial the scheduler drops (its queue is full) is decoded again at the next feed.
+The session is single-threaded: each call runs the decodes it needs before it returns, at most one partial
+(or final ahead) per `feed`, so a caller that batches audio when decoding falls behind gets fewer partials,
+never a growing queue of them. Sessions that share a model may share a nanoasr.batching.DecodeScheduler
+(`scheduler`), which decodes their partials and finals together, each with the same token ids; a partial
+the scheduler drops (its queue is full, or a final needed the weights) is decoded again at the next feed.
+A caller may instead decode partials elsewhere while the session goes on listening (the server does):
+`feed(samples, partial=False)`, then `next_partial()` hands out the partial due as a PartialJob, whose
+transcript goes back to `partial_done`. A partial out when its utterance ends, or when its final is decoded
+ahead, is cancelled (`PartialJob.cancelled`), so the final does not wait for it.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -205,6 +210,7 @@ class LiveSession:
         self.item_start = 0
         self.partial = _Partials(0, 0)
         self.ahead: _Ahead | None = None  # the final decoded before its endpoint, for the utterance under way
+        self.out: PartialJob | None = None  # the partial handed out by next_partial, not given back yet
 
     @property
     def stream_ms(self) -> int:
@@ -220,13 +226,20 @@ class LiveSession:
     def feed(self, samples, partial: bool = True) -> list:
         """Endpoint `samples` ([N] float32, 16 kHz, continuing the stream); at most one decode besides the
         finals of utterances that ended (a partial, or a final decoded ahead), none when not `partial` (a
-        caller that has fallen behind catches up first)."""
+        caller that has fallen behind catches up first, or one that decodes partials elsewhere)."""
         samples = _check_samples(samples)
         events = []
         for i in range(0, len(samples), PIECE):
             events += self._piece(samples[i:i + PIECE])
-        if partial and self.item is not None and self.limits.partials:
-            events += self._decode_next()
+        if partial:
+            job = self.next_partial()
+            if job is not None:
+                try:
+                    transcript = self._transcribe(job.wave, job.draft, final=False)
+                except BaseException:
+                    self.cancel_partial()
+                    raise
+                events += self.partial_done(job, transcript)
         return events
 
     def commit(self) -> list:
@@ -242,6 +255,7 @@ class LiveSession:
 
     def clear(self) -> None:
         """Drop the audio held and the utterance under way (it gets no final)."""
+        self.cancel_partial()
         self.audio.drop_before(self.audio.end)
         self.item = None
         if self.vad is not None:
@@ -259,6 +273,7 @@ class LiveSession:
         self.item_start, self.item, self.items = at, self.items, self.items + 1
         self.partial = _Partials(at, at + int(self.limits.partial_interval_s * SAMPLE_RATE))
         self.ahead = None
+        self.cancel_partial()
 
     def _piece(self, samples) -> list:
         self.audio.append(samples)
@@ -299,6 +314,7 @@ class LiveSession:
     def _finalize(self, end: int, stopped: bool) -> list:
         """The utterance [item_start, end) ends: stopped, committed, its final; the audio after it stays."""
         item, start = self.item, self.item_start
+        self.cancel_partial()
         events = [SpeechStopped(item, ms(end))] if stopped else []
         events.append(Committed(item, ms(start), ms(end)))
         try:
@@ -338,35 +354,73 @@ class LiveSession:
         return self.model.transcribe(wave, sample_rate=SAMPLE_RATE, draft=draft,
                                      **dataclasses.asdict(self.options))
 
-    def _decode_next(self) -> list:
-        """The feed's decode. While the detector hears silence after speech: once the audio that silence's
-        endpoint would finalize is here, that final, decoded ahead so that the endpoint finds it done (a
-        partial would only read the silence); else the partial, when it is due."""
+    def next_partial(self) -> "PartialJob | None":
+        """The decode after a feed. While the detector hears silence after speech: once the audio that
+        silence's endpoint would finalize is here, that final, decoded ahead here so that the endpoint finds
+        it done (a partial out is cancelled; none is handed out: it would only read the silence); None. Else
+        the partial, when it is due and none is out, for the caller to decode and give back to
+        `partial_done`."""
+        if self.item is None or not self.limits.partials:
+            return None
         pending = None if self.vad is None else self.vad.pending_end()
         if pending is None:
-            return self._partial() if self.audio.end >= self.partial.due else []
+            if self.out is not None or self.audio.end < self.partial.due:
+                return None
+            return self._hand_out()
         end = max(self.item_start, pending + TAIL)  # as _transition ends the utterance, when that is after it
         if self.audio.end >= end and (self.ahead is None or self.ahead.end != end):
+            self.cancel_partial()
             transcript = None
             try:
                 transcript = self._final_transcript(self.item_start, end)
             except NanoasrError:  # the final decodes it again, and reports the failure
                 pass
             self.ahead = _Ahead(self.item, end, transcript)
-        return []
+        return None
 
-    def _partial(self) -> list:
-        """Decode the partial window again; the newly agreed text, if any, as a delta."""
-        state, end = self.partial, self.audio.end
-        text = ""
-        if end - state.window_start > self.limits.partial_window_s * SAMPLE_RATE and state.covered:
-            text = state.close_window()  # the last partial's text is kept; the window starts where it ended
-        transcript = self._transcribe(self.audio.span(state.window_start, end), state.previous, final=False)
+    def partial_done(self, job: "PartialJob", transcript: Transcript | None) -> list:
+        """The partial `job` decoded (None: dropped, or it failed): the newly agreed text, if any, as a delta;
+        nothing for a job cancelled since."""
+        if job is not self.out:
+            return []
+        self.out, state = None, self.partial
+        text = state.close_window() if job.closes else ""
         if transcript is not None:
             ids = [t for segment in transcript.segments for t in segment.token_ids]
-            text += state.agree(ids, self.model.tokenizer.decode, end)
-            state.due = end + int(self.limits.partial_interval_s * SAMPLE_RATE)
+            text += state.agree(ids, self.model.tokenizer.decode, job.end)
+            state.due = job.end + int(self.limits.partial_interval_s * SAMPLE_RATE)
         return [Delta(self.item, text)] if text else []
+
+    def cancel_partial(self) -> None:
+        """The partial out, if any, is no longer wanted."""
+        if self.out is not None:
+            self.out.cancelled.set()
+            self.out = None
+
+    def _hand_out(self) -> "PartialJob":
+        """The partial window up to now; past PARTIAL_WINDOW_S the window starts afresh where the last
+        partial ended (closed when the job is given back: its text is taken as read)."""
+        state, end = self.partial, self.audio.end
+        long = end - state.window_start > self.limits.partial_window_s * SAMPLE_RATE
+        closes = bool(long and state.covered)
+        start = state.covered if closes else state.window_start
+        self.out = PartialJob(self.item, end, closes, self.audio.span(start, end),
+                              None if closes else state.previous)
+        return self.out
+
+
+@dataclass(eq=False)
+class PartialJob:
+    """A partial to decode: Model.transcribe of `wave` (16 kHz) with the session's options and `draft`. `end`:
+    the stream sample the window ends at; `closes`: the window before it is closed when it is given back.
+    `cancelled` is set when the session no longer needs it."""
+
+    item: int
+    end: int
+    closes: bool
+    wave: np.ndarray
+    draft: list[int] | None
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)

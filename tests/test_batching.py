@@ -28,11 +28,11 @@ class Gate:
         self.batches, self.open = [], threading.Event()
         self.held = threading.Semaphore(0)
 
-    def __call__(self, fn, requests):
+    def __call__(self, fn, requests, stop):
         self.batches.append(requests)
         self.held.release()
         self.open.wait()
-        return fn(requests)
+        return fn(requests, stop)
 
 
 def in_thread(fn, *args) -> tuple[threading.Thread, list]:
@@ -66,10 +66,10 @@ class InStep:
         self.inside, self.sizes, self.scheduler = 0, [], None
         self.lock = threading.Lock()
 
-    def __call__(self, fn, requests):
+    def __call__(self, fn, requests, stop):
         wait_until(lambda: self.inside == len(self.scheduler._queue) + len(requests))
         self.sizes.append(len(requests))
-        return fn(requests)
+        return fn(requests, stop)
 
     def call(self, method, *args) -> list:
         with self.lock:
@@ -169,6 +169,62 @@ def test_a_full_queue_drops_partials_and_finals_go_first(fast_model):
     assert [len(wave) for [(wave, _, _)] in gate.batches] == [SR, SR * 3 // 4, SR // 2]  # finals first
     assert final[1][0].segments == fast_model.transcribe(wave[:SR * 3 // 4], sample_rate=SR,
                                                          max_new_tokens=4).segments
+
+
+def held_at_first_step(monkeypatch) -> tuple[list, threading.Event, threading.Event]:
+    """decoder.forward spied on (as steps_counted), and held at the first decode step until `go` is set;
+    `stepping` is set once it is held."""
+    calls, forward = [], decoder.forward
+    stepping, go = threading.Event(), threading.Event()
+
+    def spy(x, *args, **kwargs):
+        calls.append("prefill" if x.shape[1] > 1 else "step")
+        if calls[-1] == "step" and not stepping.is_set():
+            stepping.set()
+            go.wait()
+        return forward(x, *args, **kwargs)
+    monkeypatch.setattr(decoder, "forward", spy)
+    return calls, stepping, go
+
+
+def test_a_final_stops_the_partials_decoding_and_goes_first(fast_model, monkeypatch):
+    options = Options(max_new_tokens=12, ignore_stop=True)
+    wave = speech_like(1.5, 1)
+    calls, stepping, go = held_at_first_step(monkeypatch)
+    scheduler = DecodeScheduler(fast_model)
+    try:
+        partial = scheduler.submit(wave, options, None, False)
+        stepping.wait()
+        final = in_thread(scheduler.decode, wave[:SR], options, None, True)
+        wait_until(lambda: len(scheduler._queue) == 1)
+        go.set()
+        assert partial.result() is None  # dropped: its session decodes a partial again at its next feed
+        final[0].join()
+    finally:
+        scheduler.close()
+    assert scheduler.stopped == 1
+    assert calls == ["prefill", "step", "prefill"] + ["step"] * 11  # the partial stopped after one step
+    alone = fast_model.transcribe(wave[:SR], sample_rate=SR, max_new_tokens=12, ignore_stop=True)
+    assert final[1][0].segments == alone.segments
+
+
+def test_partials_no_longer_wanted_are_dropped_queued_or_decoding(fast_model, monkeypatch):
+    options = Options(max_new_tokens=12, ignore_stop=True)
+    wave = speech_like(1.5, 1)
+    calls, stepping, go = held_at_first_step(monkeypatch)
+    scheduler = DecodeScheduler(fast_model, rows=1)
+    decoding, queued = threading.Event(), threading.Event()
+    try:
+        first = scheduler.submit(wave, options, None, False, decoding)
+        stepping.wait()
+        second = scheduler.submit(wave[:SR], options, None, False, queued)
+        queued.set()
+        decoding.set()
+        go.set()
+        assert first.result() is None and second.result() is None
+    finally:
+        scheduler.close()
+    assert calls == ["prefill", "step"] and scheduler.stopped == 1 and scheduler.dropped == 2
 
 
 def test_a_refused_decode_fails_its_own_session_only(fast_model):

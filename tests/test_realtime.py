@@ -227,6 +227,30 @@ def test_the_final_is_decoded_while_its_endpoint_silence_goes_on():
     assert any(abs(n - at_pause) <= 0.03 * SR for n in model.calls)
 
 
+def test_a_partial_decoded_elsewhere_is_cancelled_when_its_utterance_ends():
+    """The server's way: feed(partial=False), next_partial() hands the partial out, partial_done takes it back.
+    Given back in time, it gives the deltas feed gives; out when the endpoint comes, it is cancelled, given
+    back late it changes nothing, and the final is the same."""
+    model = Scripted(lambda n: range(n // 8000))
+    clip = np.concatenate([speech(3.0), np.zeros(SR, np.float32)])
+    alone = feed(live(model), clip, 1600)
+    session, events, out = live(model), [], None
+    for i in range(0, len(clip), 1600):
+        events += session.feed(clip[i:i + 1600], partial=False)
+        if out is None:
+            out = session.next_partial()
+            if out is not None and i < 2 * SR:  # a prompt decode: given back at once
+                events += session.partial_done(out, model.transcribe(out.wave, SR))
+                out = None
+        else:
+            assert session.next_partial() is None  # one out at a time
+    assert out is not None and out.cancelled.is_set()
+    assert session.partial_done(out, model.transcribe(out.wave, SR)) == []
+    assert of(events, Completed) == of(alone, Completed)
+    sent = "".join(d.text for d in of(events, Delta))
+    assert of(alone, Completed)[0].transcript.startswith(sent) and len(of(events, Delta)) >= 2
+
+
 def test_bad_samples_are_refused():
     session = live(Scripted(lambda n: ()))
     with pytest.raises(AudioError, match="float32"):

@@ -39,6 +39,10 @@ PREFILL_POSITIONS, PREFILL_PADDING = 4096, 0.25
 MAX_PERIOD, MIN_REPEATS, LOOP_TOKENS = 50, 3, 32
 
 
+class Stopped(Exception):
+    """generate's `stop()` said so before a prefill or a decode step: its generations were given up."""
+
+
 def token_budget(duration_s: float) -> int:
     """Tokens allowed for a segment: generous for fast speech (about 12 per second), never past the cap."""
     return min(MAX_NEW_TOKENS, 32 + 12 * math.ceil(max(duration_s, 0.0)))
@@ -191,7 +195,7 @@ def _untimed(stage: str):  # the stage context when no timer is given
 
 
 def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, rows=None, timer=None,
-             on_done=None, bf16_rope=False, on_tokens=None, drafts=None, alone_prefills=False):
+             on_done=None, bf16_rope=False, on_tokens=None, drafts=None, alone_prefills=False, stop=None):
     """embeds: prompt embeddings [L_b, H]; budgets: new tokens allowed each -> list[Generation], in order.
 
     At most `rows` prompts decode together (all of them when None); a row that finishes takes the next
@@ -208,6 +212,9 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
     that prompts of separate calls decoded together each get their own call's tokens (the decode steps'
     products give each row its bits alone, up to ops.decode_rows rows; a prefill's products of many rows
     are not promised to).
+    `stop()`, when given, is asked before prompts are read (a lazy `embeds` may encode audio there), before
+    each prefill and before each decode step: True gives every generation up, raising Stopped (live partials
+    that a final needs the weights for).
     """
     suppress = tuple(stop_ids) if ignore_stop else ()
     session = decoder.Session(w, cfg, rows or len(embeds), bf16_rope)
@@ -219,8 +226,9 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
     # a draft holds at most budget - 1 tokens: the last token a budget allows is never fed back
     drafts = {item: list(draft)[:budgets[item] - 1] for item, draft in (drafts or {}).items()}
     while True:
+        _check(stop)
         exhausted = exhausted or _admit(session, prompts, live, stage, drafts,
-                                        (stop_ids, ignore_stop, alone_prefills))
+                                        (stop_ids, ignore_stop, alone_prefills), stop)
         retired = _retire(session, live, results, stop_ids, ignore_stop, on_done)
         if retired and not exhausted:  # freed rows take the next prompts first
             continue
@@ -229,6 +237,7 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
         if on_tokens is not None:
             for row in live:
                 on_tokens(row.item, row.ids[:settled_length(row.ids, ignore_stop)])
+        _check(stop)
         with stage("decode"):
             ids, lps = _greedy(session.step([row.ids[-1] for row in live]), suppress)
             for row, token, lp in zip(live, ids, lps):
@@ -236,10 +245,16 @@ def generate(embeds, budgets, w, cfg: TextConfig, stop_ids, ignore_stop=False, r
                 row.logprobs.append(lp)
 
 
-def _admit(session: decoder.Session, prompts, live: list[_Row], stage, drafts: dict, stopping) -> bool:
+def _check(stop) -> None:
+    if stop is not None and stop():
+        raise Stopped
+
+
+def _admit(session: decoder.Session, prompts, live: list[_Row], stage, drafts: dict, stopping,
+           stop=None) -> bool:
     """Prefill the next prompts into the free rows: each with a draft alone, with it (_draft_choices), the
     others together where they fit one forward (unless `alone`); True once no prompt is left. `stopping`:
-    (stop ids, ignore_stop, alone)."""
+    (stop ids, ignore_stop, alone); `stop` as generate's."""
     stop_ids, ignore_stop, alone = stopping
     suppress = tuple(stop_ids) if ignore_stop else ()
     waiting, exhausted = [], False
@@ -249,6 +264,7 @@ def _admit(session: decoder.Session, prompts, live: list[_Row], stage, drafts: d
             exhausted = True
             break
         item, (e, budget) = prompt
+        _check(stop)
         if drafts.get(item) and decode_rows(e):  # no draft where the device does not promise a step's bits
             with stage("prefill"):
                 ids, lps = _draft_choices(session, e, drafts[item], budget, suppress)
@@ -257,6 +273,7 @@ def _admit(session: decoder.Session, prompts, live: list[_Row], stage, drafts: d
             continue
         waiting.append(prompt)
     for group in _prefill_groups(waiting, alone):
+        _check(stop)
         with stage("prefill"):
             ids, lps = _first_choices(session, group, suppress)
         live.extend(_Row(item, budget, [i], [lp]) for (item, (_, budget)), i, lp in zip(group, ids, lps))

@@ -5,10 +5,12 @@ settings; live_audio.py converts the audio).
 A connection holds one slot of the server's queue while it is open (so sessions and uploads together stay
 within --max-queue) and runs its session on the server's session threads (Service.live); the session's
 decodes go to the server's DecodeScheduler, which decodes the sessions' partials and finals together on the
-worker thread, in turn with the HTTP requests. Audio waits in the connection's backlog while the session is
-busy; the backlog is fed to the session at once when it is free (so a session that falls behind gets fewer
-partials, not a queue of them, and none while more than Limits.catch_up_s of audio waits; the scheduler
-drops a partial it has no room for), and past MAX_BACKLOG_S the connection stops reading the socket until
+worker thread, in turn with the HTTP requests. A partial decodes there while the session goes on listening
+(LiveSession.next_partial), at most one per session at a time, so an endpoint heard meanwhile cancels it and
+its final does not wait for it. Audio waits in the connection's backlog while the session is busy; the
+backlog is fed to the session at once when it is free (so a session that falls behind gets fewer partials,
+not a queue of them, and none while more than Limits.catch_up_s of audio waits; the scheduler drops a
+partial it has no room for), and past MAX_BACKLOG_S the connection stops reading the socket until
 the session catches up (TCP holds the client back). A session whose socket stays unread for MAX_BEHIND_S is
 ended with an `error` (session_behind).
 """
@@ -26,9 +28,9 @@ import numpy as np
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from nanoasr.audio import SAMPLE_RATE
-from nanoasr.errors import AudioError, OptionError
-from nanoasr.realtime import (Committed, Completed, Delta, Failed, Limits, LiveSession, SpeechStarted,
-                              SpeechStopped)
+from nanoasr.errors import AudioError, NanoasrError, OptionError
+from nanoasr.realtime import (Committed, Completed, Delta, Failed, Limits, LiveSession, PartialJob,
+                              SpeechStarted, SpeechStopped)
 from nanoasr.server.errors import ApiError
 from nanoasr.server.live_audio import Converter
 from nanoasr.server.live_config import ClientError, SessionConfig, updated_beta, updated_ga
@@ -104,6 +106,12 @@ async def _deny(websocket: WebSocket, err: ApiError) -> None:
         await websocket.close(code=1008, reason=err.message[:120])
 
 
+def _listen(live: LiveSession, samples, decode: bool) -> tuple[list, PartialJob | None]:
+    """Feed `samples` to the session (on its thread): its events, and the partial due when `decode`."""
+    events = live.feed(samples, partial=False)
+    return events, live.next_partial() if decode else None
+
+
 class Connection:
     """One WebSocket: reads client events, feeds the LiveSession on its thread, sends OpenAI's events."""
 
@@ -126,6 +134,7 @@ class Connection:
         self.last_item_id: str | None = None
         self.previous_of: dict[str, str | None] = {}  # item id -> the item committed before it
         self.working = False  # the pump has work in hand or queued
+        self.partials: set[PartialJob] = set()  # decoding on the scheduler, their answers not taken yet
 
     async def greet(self) -> None:
         await self.send({"type": "session.created", "session": self.config.ga(self.session_id)})
@@ -137,6 +146,8 @@ class Connection:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        for job in self.partials:  # nobody will read them
+            job.cancelled.set()
         failure = next((t.exception() for t in done if t.exception() is not None), None)
         if failure is not None and not isinstance(failure, (WebSocketDisconnect, OSError)):
             # a fault of the server's (not a client that left): the client is told, and the socket closed
@@ -272,7 +283,7 @@ class Connection:
         """Runs the queued work in order, each step on the session's thread; audio waiting together is fed at
         once."""
         while True:
-            self.working = self.held is not None or not self.ops.empty()
+            self.working = self.held is not None or not self.ops.empty() or bool(self.partials)
             kind, payload, event_id = await self._next()
             self.working = True
             try:
@@ -286,11 +297,22 @@ class Connection:
         """One op on the session: its events."""
         if kind == "audio":
             behind = len(payload) > self.limits.catch_up_s * SAMPLE_RATE
-            events = await self._work(self.live.feed, payload, not behind)
+            live = self.live
+            events, job = await self._work(_listen, live, payload, not behind)
             self.backlog -= len(payload)
             if self.backlog <= MAX_BACKLOG_S * SAMPLE_RATE:
                 self.caught_up.set()
+            if job is not None:
+                self._decode_partial(live, job)
             return events
+        if kind == "partial":
+            live, job, answer = payload
+            self.partials.discard(job)
+            try:
+                transcript = answer.result()
+            except NanoasrError:  # the final decodes the same audio, and reports the failure
+                transcript = None
+            return await self._work(live.partial_done, job, transcript) if live is self.live else []
         if kind == "commit":
             return await self._work(self.live.commit)
         if kind == "finish":
@@ -326,6 +348,19 @@ class Connection:
             chunks.append(following[1])
         return "audio", np.concatenate(chunks), None
 
+    def _decode_partial(self, live: LiveSession, job: PartialJob) -> None:
+        """Hand `job` to the scheduler; its answer comes back as a "partial" op, in turn with the others."""
+        answer = self.service.scheduler.submit(job.wave, live.options, job.draft, False, job.cancelled)
+        self.partials.add(job)
+        loop = asyncio.get_running_loop()
+
+        def answered(_) -> None:
+            try:
+                loop.call_soon_threadsafe(self.ops.put_nowait, ("partial", (live, job, answer), None))
+            except RuntimeError:  # the server has stopped: nobody waits for it
+                pass
+        answer.add_done_callback(answered)
+
     def _work(self, call, *args):
         return asyncio.get_running_loop().run_in_executor(self.service.live, call, *args)
 
@@ -335,6 +370,7 @@ class Connection:
         settings); the format alone changes only the converter."""
         if start is not None or (options, config.turn_detection) != (self.options, self.live.turn_detection):
             at = self.live.audio.end if start is None else start
+            self.live.cancel_partial()
             self.live = LiveSession(self.service.model, options, config.turn_detection, self.limits, at,
                                     self.service.scheduler)
             self.options, self.generation = options, self.generation + 1
