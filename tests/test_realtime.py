@@ -228,9 +228,9 @@ def test_the_final_is_decoded_while_its_endpoint_silence_goes_on():
 
 
 def test_a_partial_decoded_elsewhere_is_cancelled_when_its_utterance_ends():
-    """The server's way: feed(partial=False), next_partial() hands the partial out, partial_done takes it back.
-    Given back in time, it gives the deltas feed gives; out when the endpoint comes, it is cancelled, given
-    back late it changes nothing, and the final is the same."""
+    """The server's way: feed(partial=False), next_partial() hands the partial out, partial_done takes it
+    back. Given back in time, it gives the deltas feed gives; out when the endpoint comes, it is cancelled,
+    given back late it changes nothing, and the final is the same."""
     model = Scripted(lambda n: range(n // 8000))
     clip = np.concatenate([speech(3.0), np.zeros(SR, np.float32)])
     alone = feed(live(model), clip, 1600)

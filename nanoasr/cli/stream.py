@@ -101,12 +101,18 @@ def main(argv: list[str]) -> int:
         except (NanoasrError, OSError) as exc:
             error(PROG, exc)
             return EXIT_FAILED
+        finally:
+            if session.scheduler is not None:
+                session.scheduler.close()
     return EXIT_OK
 
 
 def _session(args):
-    """The live session on the loaded model; options are checked before the model loads (OptionError)."""
+    """The live session on the loaded model; options are checked before the model loads (OptionError). Live
+    input (--realtime, --mic) decodes through a DecodeScheduler, so that partials decode beside the
+    listening (_run)."""
     from nanoasr.api import Model, Options
+    from nanoasr.batching import DecodeScheduler
     from nanoasr.realtime import LiveSession, TurnDetection
 
     options = Options(language=args.language, context=args.context, hotwords=args.hotword)
@@ -114,7 +120,8 @@ def _session(args):
                                                             silence_duration_ms=args.silence_ms)
     limits = live_limits(args, partials=not args.no_partials)
     model = Model.load(args.model, device=args.device, threads=args.threads, activations=args.activations)
-    return LiveSession(model, options, turn_detection, limits)
+    scheduler = DecodeScheduler(model) if args.realtime or args.mic else None
+    return LiveSession(model, options, turn_detection, limits, scheduler=scheduler)
 
 
 def _chunks(args):
@@ -224,14 +231,36 @@ class Microphone:
 
 
 def _run(session, chunks, printer, realtime: bool) -> None:
-    """Feed the chunks (paced as live audio when `realtime`), then end the stream; events go to `printer`."""
-    start, fed = time.monotonic(), 0
+    """Feed the chunks (paced as live audio when `realtime`), then end the stream; events go to `printer`.
+    A session with a scheduler (live input) goes on listening while its partial decodes on the scheduler's
+    thread, so that a final never waits for a partial; without one each feed decodes its partial before the
+    next chunk is read, and the events are the same in every run."""
+    start, fed, out = time.monotonic(), 0, None  # out: the partial decoding beside, and its answer
     for chunk in chunks:
         if realtime:
             time.sleep(max(0.0, start + fed / SAMPLE_RATE - time.monotonic()))
-        printer.show(session.feed(chunk))
         fed += len(chunk)
+        if session.scheduler is None:
+            printer.show(session.feed(chunk))
+            continue
+        printer.show(session.feed(chunk, partial=False))
+        if out is not None and (out[1].done() or out[0].cancelled.is_set()):
+            printer.show(_partial_answered(session, *out))
+            out = None
+        job = session.next_partial() if out is None else None
+        if job is not None:
+            out = job, session.scheduler.submit(job.wave, session.options, job.draft, False, job.cancelled)
     printer.show(session.finish())
+
+
+def _partial_answered(session, job, answer) -> list:
+    """The events of a partial decoded beside the session (none while a cancelled one still decodes)."""
+    if not answer.done():
+        return []
+    failure = answer.exception()
+    if failure is not None and not isinstance(failure, NanoasrError):
+        raise failure
+    return session.partial_done(job, None if failure is not None else answer.result())
 
 
 class Printer:

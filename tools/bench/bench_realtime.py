@@ -227,10 +227,10 @@ def baseline_model(drafts: bool = True, batch: bool = True, tokens_per_second: f
                 options["max_new_tokens"] = budget(audio)
             return super().transcribe(audio, draft=draft if drafts else None, **options)
 
-        def transcribe_together(self, requests):
+        def transcribe_together(self, requests, stop=None):
             if tokens_per_second:
                 requests = [(w, dataclasses.replace(o, max_new_tokens=budget(w)), d) for w, o, d in requests]
-            return super().transcribe_together([(w, o, d if drafts else None) for w, o, d in requests])
+            return super().transcribe_together([(w, o, d if drafts else None) for w, o, d in requests], stop)
 
         @property
         def together_rows(self) -> int:
