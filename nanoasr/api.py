@@ -296,6 +296,17 @@ class Model:
                               "draft")
         return [int(t) for t in ids]
 
+    def compile_beside(self) -> bool:
+        """On a first run (the disk cache lacks them), start compiling the decode step's layer kernels, the
+        slowest to compile, in child processes, so that they compile while this process compiles and runs the
+        encoder; its first decode step waits for them and loads them. True when any child was started; never
+        where fewer than two CPUs are usable, or on a device without compiled layers. The command line calls
+        it after loading a model; a library user may."""
+        if host.usable_cpus() < 2:
+            return False
+        with self._lock, self.thread_scope():
+            return decoder.compile_step_beside(self.weights, self.config.text)
+
     def warm_up(self) -> float:
         """Transcribe WARM_UP_S seconds of seeded noise (one segment), decoding WARM_UP_TOKENS tokens (with
         the CTC branch's word timestamps where the model has it), so that numba compiles this model's kernels,

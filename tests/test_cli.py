@@ -195,6 +195,9 @@ class FakeModel:
     def check_options(self, language=None, word_timestamps=False):
         """Accepts every language and word timestamps."""
 
+    def compile_beside(self):
+        return False
+
     def transcribe(self, audio, **kwargs):
         from nanoasr.transcript import Segment, Transcript
 

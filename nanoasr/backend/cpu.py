@@ -106,14 +106,28 @@ def compiled_layer(matrices, norms):
             return None
         products.append((w.dtype, rows))
         data.append(stored.stored_data(w.data, w.dtype, *w.shape))
-    products = tuple(products)
+    return CompiledLayer(tuple(products), data, norms)
 
-    def layer(x, eps, cos, sin, scale, keys, values, positions):
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CompiledLayer:
+    """compiled_layer's call: the layer's products (layer_kernel.layer_for), their stored data and norms."""
+
+    products: tuple
+    data: list
+    norms: list
+
+    def __call__(self, x, eps, cos, sin, scale, keys, values, positions):
         if len(x) > FUSED_ROWS or x.dtype != np.float32 or keys.dtype != np.float32:
             return None
-        return layer_kernel.decode_layer(x, products, data, norms, eps, cos, sin, scale, keys, values,
-                                         positions)
-    return layer
+        return layer_kernel.decode_layer(x, self.products, self.data, self.norms, eps, cos, sin, scale, keys,
+                                         values, positions)
+
+    def compile_beside(self, x, eps, cos, sin, scale, keys, values, positions) -> bool:
+        """Compile this layer's kernel for a call with these arguments in a child process, unless it is
+        cached (layer_kernel.compile_beside); True when a child was started."""
+        return layer_kernel.compile_beside(self.products, layer_kernel.layer_args(
+            x, self.data, self.norms, eps, cos, sin, scale, keys, values, positions))
 
 
 def mask_inplace(scores, keep):  # nothing to mask (an unpadded batch) is seen on the host at no cost

@@ -115,6 +115,11 @@ def _read_into(f, offset: int, dest: np.ndarray) -> None:
         done += got
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the system tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 # True inside threads(..., numba_products=True): numba's threads, awake for the products, also share out the
 # rows of the CPU table's elementwise kernels (serial otherwise: between BLAS products, waking numba's threads
 # costs more than it saves).

@@ -122,6 +122,7 @@ def _app(args, limits):
     try:
         model = Model.load(args.model, device=args.device, threads=args.threads, llm=args.llm,
                            activations=args.activations, huge_pages=args.huge_pages)
+        model.compile_beside()  # a first run: the decoder's kernels compile beside the warm-up's encoder
     except NanoasrError as exc:
         error(PROG, exc)
         return None

@@ -120,6 +120,7 @@ def _session(args):
                                                             silence_duration_ms=args.silence_ms)
     limits = live_limits(args, partials=not args.no_partials)
     model = Model.load(args.model, device=args.device, threads=args.threads, activations=args.activations)
+    model.compile_beside()  # a first run: the decoder's kernels compile beside the encoder's
     scheduler = DecodeScheduler(model) if args.realtime or args.mic else None
     return LiveSession(model, options, turn_detection, limits, scheduler=scheduler)
 

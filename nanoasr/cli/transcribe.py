@@ -432,6 +432,7 @@ def _run(args, items, formats, options, out_dir, progress, failed: int) -> int:
         model = Model.load(args.model, device=args.device, threads=args.threads, llm=args.llm,
                            activations=args.activations, huge_pages=args.huge_pages)
         model.check_options(args.language, args.word_timestamps)  # said once, not for every input
+        model.compile_beside()  # a first run: the decoder's kernels compile beside the encoder's
     except OptionError as exc:  # a usage error, as when the variant is known before the load
         progress.error(exc)
         return EXIT_USAGE

@@ -8,10 +8,19 @@ the same operands in the same order, so it gives the same bits; what it leaves o
 per layer between them, which on two cores cost a good part of a step: each product streams megabytes of
 weights through the caches, and the interpreter's own data is cold again by the next call. One function
 is compiled for each set of seven products a model has (one or two per model), and cached on disk.
+
+The layer is the slowest kernel to compile (it carries the seven products' code), so a first run may compile
+it in a child process beside its own work (compile_beside), from the argument types of a call; a process
+that calls a layer being compiled so waits for the child, then loads the layer from the disk cache.
 """
 from __future__ import annotations
 
+import os
+import pickle
+import subprocess
+import sys
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 from numba import types
@@ -22,7 +31,7 @@ from nanoasr.kernels.bf16.amx import bf16_bits
 from nanoasr.kernels.elementwise import rms_norm_rows, swiglu_rows
 from nanoasr.kernels.int8.dot import MATVEC_INT8, PATHS
 from nanoasr.kernels.ir.blocks import BLOCKS
-from nanoasr.kernels.jit import njit
+from nanoasr.kernels.jit import is_cached, njit
 from nanoasr.kernels.stored.float_rows import MATVEC
 
 
@@ -90,11 +99,42 @@ def layer_for(products: tuple):
     return njit(cache=True)(layer)
 
 
+def layer_args(x, matrices, norms, eps, cos, sin, scale, keys, values, positions) -> tuple:
+    """decode_layer's arguments as the compiled layer takes them."""
+    return (x, *matrices, *norms, np.float32(eps), cos, sin, np.float32(scale), keys, values,
+            np.asarray(positions, np.int64))
+
+
 def decode_layer(x, products, matrices, norms, eps, cos, sin, scale, keys, values, positions):
     """x float32 [B <= 8, H] (each row's new position) -> [B, H] through one decoder layer: `matrices` the
     stored data of q, k, v, o, gate, up and down (as the kernels read it, checked by the caller; whole blocks
     only), multiplied as `products` says (layer_for); `norms` the input, q, k and post-attention RMSNorm
     weights; cos/sin [B, head_dim] at each row's position; keys/values [B, kvh, capacity, hd] the layer's
     float32 cache, written at positions [B] (checked against it)."""
-    return layer_for(products)(x, *matrices, *norms, np.float32(eps), cos, sin, np.float32(scale), keys,
-                               values, np.asarray(positions, np.int64))
+    child = _beside.pop(products, None)
+    if child is not None:
+        child.wait()
+    return layer_for(products)(*layer_args(x, matrices, norms, eps, cos, sin, scale, keys, values, positions))
+
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory the child imports this nanoasr from
+_beside: dict[tuple, subprocess.Popen] = {}  # products -> the child compiling their layer (compile_beside)
+CHILD = ("import pickle, sys; from nanoasr.kernels.decode_layer import layer_for; "
+         "products, types = pickle.loads(sys.stdin.buffer.read()); layer_for(products).compile(types)")
+
+
+def compile_beside(products: tuple, args: tuple) -> bool:
+    """Compile layer_for(products) for the types of `args` (layer_args) in a child process, unless the disk
+    cache holds it: True when a child was started. This process's next decode_layer call of `products`
+    waits for it and loads the layer from the cache (or compiles it, where the child failed)."""
+    layer = layer_for(products)
+    types = tuple(layer.typeof_pyval(a) for a in args)
+    if products in _beside or is_cached(layer, types):
+        return False
+    path = os.pathsep.join([str(PACKAGE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=path))
+    with child.stdin:
+        child.stdin.write(pickle.dumps((products, types)))
+    _beside[products] = child
+    return True

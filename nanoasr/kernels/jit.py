@@ -130,6 +130,16 @@ class SourcesCache(FunctionCache):
         return loaded
 
 
+def is_cached(dispatcher, types: tuple) -> bool:
+    """Whether the disk cache holds `dispatcher` (made by njit(cache=True) here) compiled for argument
+    `types` on this CPU, from these sources (False where nothing is cached)."""
+    cache = dispatcher._cache
+    if not isinstance(cache, SourcesCache):
+        return False
+    key = cache._index_key(types, dispatcher.targetctx.codegen())
+    return key in cache._cache_file._load_index()
+
+
 def compiling() -> None:
     """Log COMPILING, the first time this process compiles a cached kernel."""
     global _compiled

@@ -178,6 +178,30 @@ def compiled_layers(w, cfg: TextConfig) -> list:
     return [compiled_layer(weights(i, MATRICES), weights(i, NORMS)) for i in range(cfg.num_hidden_layers)]
 
 
+class _FirstLayerCall(Exception):
+    """compile_step_beside's stop: the first layer's compiled call, with its arguments."""
+
+
+def compile_step_beside(w, cfg: TextConfig) -> bool:
+    """Start compiling the decode step's compiled layers (each distinct one) in child processes, from the
+    arguments the first layer gets in a step of one row (CompiledLayer.compile_beside), where the disk cache
+    lacks them; True when any child was started, False also where the device has no compiled layer."""
+    layers = compiled_layers(w, cfg)
+    if any(layer is None or not hasattr(layer, "compile_beside") for layer in layers):
+        return False
+
+    def first(*args):
+        raise _FirstLayerCall(args)
+    inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta)
+    try:  # a step runs up to the first layer's call, as Session.step runs it
+        forward(np.zeros((1, 1, cfg.hidden_size), np.float32), w, cfg, KVCache(cfg, 1, 1), slice(0, 1), [0],
+                inv_freq, compiled=[first] * len(layers))
+    except _FirstLayerCall as call:
+        args = call.args[0]
+    started = [layer.compile_beside(*args) for layer in layers]
+    return any(started)
+
+
 def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, rope, positions,
                   compiled=None):  # [B, n, H]; compiled: the layer's compiled decode call, or None
     p = f"{P}layers.{i}."
