@@ -34,7 +34,7 @@ from numba.core.caching import (CompileResultCacheImpl, FunctionCache, _CacheLoc
 
 KERNELS = Path(__file__).resolve().parent
 COMPILING = "compiling kernels for this CPU (first run only, about %d s; cached in %s)"
-COMPILE_S = 40  # a first transcription's extra seconds in docs/speed.md: 23 to 70 on a 2-core AVX2 server
+COMPILE_S = 30  # a first transcription's extra seconds in docs/reports/first_run.md: 23-26 on a 2-core AVX2 CPU
 log = logging.getLogger(__name__)
 _compiled = False  # whether this process has compiled a cached kernel (and said so)
 
