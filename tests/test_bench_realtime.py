@@ -1,5 +1,8 @@
 """tools/bench/bench_realtime.py's bookkeeping: the clip's speech times and the figures made of event arrival
 times. No timing is judged here."""
+import asyncio
+import json
+
 import numpy as np
 import pytest
 
@@ -38,6 +41,42 @@ def test_latencies_are_matched_to_the_utterance_each_item_covers():
     assert summary["real_time"] is False and summary["cpu_s_per_audio_s"] == 0.2
     first, second = summary["end_of_speech_to_completed_by_half_s"]  # utterance a; b and the missed one
     assert first == {"p50": 1.0, "p95": 1.0, "n": 1} and second == {"p50": 1.5, "p95": 1.5, "n": 1}
+
+
+class Paced:
+    """A WebSocket stand-in: each event arrives `at` seconds after the first recv, then silence."""
+
+    def __init__(self, timed):
+        self.timed, self.start = list(timed), None
+
+    async def recv(self):  # a recv given up (timed out) takes nothing: the event waits for the next one
+        loop = asyncio.get_running_loop()
+        self.start = loop.time() if self.start is None else self.start
+        if not self.timed:
+            await asyncio.sleep(3600)
+        await asyncio.sleep(max(0.0, self.start + self.timed[0][0] - loop.time()))
+        return json.dumps(self.timed.pop(0)[1])
+
+
+def test_the_reader_waits_for_a_session_behind_to_end_the_clips_last_utterance(monkeypatch):
+    """Quiet with every started item completed is not the end while the server has not yet stopped an
+    utterance at the clip's last speech: a session behind real time decodes before it answers."""
+    monkeypatch.setattr(bench, "QUIET_S", 0.05)
+    first = [event("input_audio_buffer.speech_started", "a"),
+             event("input_audio_buffer.speech_stopped", "a", audio_end_ms=3300),
+             event("conversation.item.input_audio_transcription.completed", "a")]
+    last = [event("input_audio_buffer.speech_started", "b"),
+            event("input_audio_buffer.speech_stopped", "b", audio_end_ms=9200),
+            event("conversation.item.input_audio_transcription.completed", "b")]
+    ws = Paced([(0.0, e) for e in first] + [(0.3, e) for e in last])
+
+    async def read():
+        sent = asyncio.Event()
+        sent.set()
+        arrivals = []
+        await asyncio.wait_for(bench._read(ws, arrivals, 0.0, sent, 9.0), 5.0)
+        return [e for _, e in arrivals]
+    assert asyncio.run(read()) == first + last
 
 
 def test_the_baseline_model_decodes_without_drafts(fast_model, monkeypatch):

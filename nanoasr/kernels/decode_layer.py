@@ -31,7 +31,7 @@ from nanoasr.kernels.bf16.amx import bf16_bits
 from nanoasr.kernels.elementwise import rms_norm_rows, swiglu_rows
 from nanoasr.kernels.int8.dot import MATVEC_INT8, PATHS
 from nanoasr.kernels.ir.blocks import BLOCKS
-from nanoasr.kernels.jit import is_cached, njit
+from nanoasr.kernels.jit import is_cached, njit, on_disk
 from nanoasr.kernels.stored.float_rows import MATVEC
 
 
@@ -125,11 +125,14 @@ CHILD = ("import pickle, sys; from nanoasr.kernels.decode_layer import layer_for
 
 def compile_beside(products: tuple, args: tuple) -> bool:
     """Compile layer_for(products) for the types of `args` (layer_args) in a child process, unless the disk
-    cache holds it: True when a child was started. This process's next decode_layer call of `products`
-    waits for it and loads the layer from the cache (or compiles it, where the child failed)."""
+    cache holds it (or there is no disk cache to hand it over in): True when a child was started. This
+    process's next decode_layer call of `products` waits for it and loads the layer from the cache (or
+    compiles it, where the child failed)."""
     layer = layer_for(products)
+    if products in _beside or not on_disk(layer):
+        return False
     types = tuple(layer.typeof_pyval(a) for a in args)
-    if products in _beside or is_cached(layer, types):
+    if is_cached(layer, types):
         return False
     path = os.pathsep.join([str(PACKAGE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,

@@ -34,7 +34,7 @@ from numba.core.caching import (CompileResultCacheImpl, FunctionCache, _CacheLoc
 
 KERNELS = Path(__file__).resolve().parent
 COMPILING = "compiling kernels for this CPU (first run only, about %d s; cached in %s)"
-COMPILE_S = 30  # a first transcription's extra seconds in docs/reports/first_run.md: 23-26 on a 2-core AVX2 CPU
+COMPILE_S = 30  # a first transcription's extra seconds (docs/reports/first_run.md: 23-26 on 2 AVX2 cores)
 log = logging.getLogger(__name__)
 _compiled = False  # whether this process has compiled a cached kernel (and said so)
 
@@ -130,12 +130,15 @@ class SourcesCache(FunctionCache):
         return loaded
 
 
+def on_disk(dispatcher) -> bool:
+    """Whether `dispatcher` (made by njit here) is kept in the disk cache."""
+    return isinstance(dispatcher._cache, SourcesCache)
+
+
 def is_cached(dispatcher, types: tuple) -> bool:
-    """Whether the disk cache holds `dispatcher` (made by njit(cache=True) here) compiled for argument
-    `types` on this CPU, from these sources (False where nothing is cached)."""
+    """Whether the disk cache holds `dispatcher` (on_disk) compiled for argument `types` on this CPU, from
+    these sources."""
     cache = dispatcher._cache
-    if not isinstance(cache, SourcesCache):
-        return False
     key = cache._index_key(types, dispatcher.targetctx.codegen())
     return key in cache._cache_file._load_index()
 

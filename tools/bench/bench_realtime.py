@@ -82,7 +82,7 @@ async def speak(url: str, headers: dict, clip: bytes, truth, silence_ms: int, se
             "type": "transcription", "audio": {"input": {"turn_detection": vad}}}}))
         arrivals: list[tuple[float, dict]] = []
         start, sent = time.monotonic(), asyncio.Event()
-        reader = asyncio.create_task(_read(ws, arrivals, start, sent))
+        reader = asyncio.create_task(_read(ws, arrivals, start, sent, truth[-1][1]))
         step = int(APPEND_S * WIRE_RATE) * 2
         for k, i in enumerate(range(0, len(clip), step)):
             await asyncio.sleep(max(0.0, start + k * APPEND_S - time.monotonic()))
@@ -96,17 +96,20 @@ async def speak(url: str, headers: dict, clip: bytes, truth, silence_ms: int, se
     return {"arrivals": arrivals, "truth": truth}
 
 
-async def _read(ws, arrivals: list, start: float, sent: asyncio.Event) -> None:
-    """Events until the clip is sent, every item that started is completed and the server has been quiet for
-    QUIET_S (the detector may split an utterance at a pause inside it, so items are not counted ahead)."""
+async def _read(ws, arrivals: list, start: float, sent: asyncio.Event, last_end_s: float) -> None:
+    """Events until the clip is sent, the server has ended an utterance at the clip's last speech
+    (`last_end_s`), every item that started is completed and the server has been quiet for QUIET_S (the
+    detector may split an utterance at a pause inside it, so items are not counted ahead; a session behind
+    real time may be silent for longer than QUIET_S while it decodes the audio it has not answered yet)."""
     import websockets
 
     started = completed = 0
+    heard_to = 0.0  # the latest end of an utterance the server has stopped
     while True:
         try:
             event = json.loads(await asyncio.wait_for(ws.recv(), QUIET_S))
         except asyncio.TimeoutError:
-            if sent.is_set() and completed == started:
+            if sent.is_set() and completed == started and heard_to >= last_end_s:
                 return
             continue
         except websockets.exceptions.ConnectionClosed:  # the server ended the session: what came is kept
@@ -114,6 +117,8 @@ async def _read(ws, arrivals: list, start: float, sent: asyncio.Event) -> None:
         arrivals.append((time.monotonic() - start, event))
         started += event["type"] == "input_audio_buffer.speech_started"
         completed += event["type"] == "conversation.item.input_audio_transcription.completed"
+        if event["type"] == "input_audio_buffer.speech_stopped":
+            heard_to = max(heard_to, event["audio_end_ms"] / 1000)
 
 
 def utterance_times(run: dict) -> list[dict]:
