@@ -135,9 +135,13 @@ def compile_beside(products: tuple, args: tuple) -> bool:
     if is_cached(layer, types):
         return False
     path = os.pathsep.join([str(PACKAGE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=path))
-    with child.stdin:
-        child.stdin.write(pickle.dumps((products, types)))
+    try:
+        child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 env=dict(os.environ, PYTHONPATH=path))
+        with child.stdin:
+            child.stdin.write(pickle.dumps((products, types)))
+    except OSError:  # no interpreter to start (an embedded Python), or it died at once: compile here
+        return False
     _beside[products] = child
     return True
