@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -390,6 +391,18 @@ class LiveSession:
             text += state.agree(ids, self.model.tokenizer.decode, job.end)
             state.due = job.end + int(self.limits.partial_interval_s * SAMPLE_RATE)
         return [Delta(self.item, text)] if text else []
+
+    def submit_partial(self, job: "PartialJob") -> Future:
+        """Hand `job` to the session's scheduler (it must have one): its answer, for partial_answered."""
+        return self.scheduler.submit(job.wave, self.options, job.draft, False, job.cancelled)
+
+    def partial_answered(self, job: "PartialJob", answer: Future) -> list:
+        """partial_done of a job's finished answer (submit_partial): a decode the model refused counts as
+        dropped (the final decodes the same audio, and reports the failure); any other fault is raised."""
+        failure = answer.exception()
+        if failure is not None and not isinstance(failure, NanoasrError):
+            raise failure
+        return self.partial_done(job, None if failure is not None else answer.result())
 
     def cancel_partial(self) -> None:
         """The partial out, if any, is no longer wanted."""

@@ -245,23 +245,15 @@ def _run(session, chunks, printer, realtime: bool) -> None:
             printer.show(session.feed(chunk))
             continue
         printer.show(session.feed(chunk, partial=False))
-        if out is not None and (out[1].done() or out[0].cancelled.is_set()):
-            printer.show(_partial_answered(session, *out))
+        if out is not None and out[1].done():
+            printer.show(session.partial_answered(*out))
+            out = None
+        elif out is not None and out[0].cancelled.is_set():  # its answer would give nothing: not waited for
             out = None
         job = session.next_partial() if out is None else None
         if job is not None:
-            out = job, session.scheduler.submit(job.wave, session.options, job.draft, False, job.cancelled)
+            out = job, session.submit_partial(job)
     printer.show(session.finish())
-
-
-def _partial_answered(session, job, answer) -> list:
-    """The events of a partial decoded beside the session (none while a cancelled one still decodes)."""
-    if not answer.done():
-        return []
-    failure = answer.exception()
-    if failure is not None and not isinstance(failure, NanoasrError):
-        raise failure
-    return session.partial_done(job, None if failure is not None else answer.result())
 
 
 class Printer:

@@ -198,8 +198,8 @@ def compile_step_beside(w, cfg: TextConfig) -> bool:
                 inv_freq, compiled=[first] * len(layers))
     except _FirstLayerCall as call:
         args = call.args[0]
-    started = [layer.compile_beside(*args) for layer in layers]
-    return any(started)
+    distinct = {layer.products: layer for layer in layers}.values()  # one or two kinds of layer a model
+    return any([layer.compile_beside(*args) for layer in distinct])
 
 
 def decoder_layer(x, w, i, cfg: TextConfig, cache: KVCache, rows: slice, start, rope, positions,

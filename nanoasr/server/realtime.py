@@ -28,7 +28,7 @@ import numpy as np
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from nanoasr.audio import SAMPLE_RATE
-from nanoasr.errors import AudioError, NanoasrError, OptionError
+from nanoasr.errors import AudioError, OptionError
 from nanoasr.realtime import (Committed, Completed, Delta, Failed, Limits, LiveSession, PartialJob,
                               SpeechStarted, SpeechStopped)
 from nanoasr.server.errors import ApiError
@@ -308,11 +308,7 @@ class Connection:
         if kind == "partial":
             live, job, answer = payload
             self.partials.discard(job)
-            try:
-                transcript = answer.result()
-            except NanoasrError:  # the final decodes the same audio, and reports the failure
-                transcript = None
-            return await self._work(live.partial_done, job, transcript) if live is self.live else []
+            return await self._work(live.partial_answered, job, answer) if live is self.live else []
         if kind == "commit":
             return await self._work(self.live.commit)
         if kind == "finish":
@@ -350,7 +346,7 @@ class Connection:
 
     def _decode_partial(self, live: LiveSession, job: PartialJob) -> None:
         """Hand `job` to the scheduler; its answer comes back as a "partial" op, in turn with the others."""
-        answer = self.service.scheduler.submit(job.wave, live.options, job.draft, False, job.cancelled)
+        answer = live.submit_partial(job)
         self.partials.add(job)
         loop = asyncio.get_running_loop()
 
