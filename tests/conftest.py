@@ -48,6 +48,15 @@ def tiny_model(tiny_dir):
 
 
 @pytest.fixture(scope="session")
+def default_model(tiny_dir):
+    """The tiny model as the command line loads it: the default activations, which on a CPU with bf16
+    products are bf16 rows against its BF16 weights (the parity tests' tiny_model is exact)."""
+    from nanoasr.api import Model
+
+    return Model.load(str(tiny_dir))
+
+
+@pytest.fixture(scope="session")
 def fast_model(tiny_model):
     """The tiny model on one thread: on a machine shared with other work a pool of threads makes its small
     products many times slower (a live session's tests decode often)."""

@@ -317,14 +317,14 @@ def test_full_queue_is_503_with_retry_after(tiny_model, direct, tmp_path):
 # --- the command line ------------------------------------------------------------------------------
 
 
-def test_serve_command_end_to_end(tiny_dir, tmp_path, direct):
+def test_serve_command_end_to_end(tiny_dir, tmp_path, default_model):
     args = ["--model", str(tiny_dir), "--api-key", KEY, "--max-queue", "2", "--upload-dir", str(tmp_path)]
     with serving(args, tmp_path / "server.log") as (process, base):
         assert httpx.get(base + "/health").json()["status"] == "ok"
         client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
         text = client.audio.transcriptions.create(model="m", file=("a.wav", SHORT, "audio/wav"),
                                                   response_format="text")
-        assert text == direct(SHORT).text
+        assert text == default_model.transcribe(SHORT).text  # the command's model, default activations
     # uvicorn shuts down gracefully on SIGTERM and then re-raises it, so the status is 0 or -SIGTERM
     assert process.returncode in (0, -signal.SIGTERM)
     log = (tmp_path / "server.log").read_text()

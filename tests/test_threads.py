@@ -1,11 +1,10 @@
-"""numba's threads share the machine: their pool runs on TBB where the dependency is installed, else on
-OpenMP with workers that spin only briefly when idle; importing nanoasr sets nothing in the environment."""
+"""numba's threads share the machine: their pool is started with workers that spin only briefly when idle,
+and importing nanoasr sets nothing in the environment."""
 import json
 import os
-import platform
 import subprocess
 import sys
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import pytest
 
@@ -42,29 +41,9 @@ needs_gomp = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="numba's OpenMP layer loads libgomp on Linux only")
 
 
-@pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.machine() == "x86_64"),
-                    reason="the tbb dependency is installed on x86-64 Linux only")
-def test_numba_runs_on_tbb_from_the_wheel_and_the_environment_is_left_alone():
-    seen, _ = probe()
-    assert seen["import"] and seen["after"]
-    assert seen["policy"] == ["tbb", "its own"]
-
-
-def test_the_tbb_runtime_is_found_among_the_wheels_files():
-    class Wheel:  # as importlib.metadata gives an installed distribution: files relative to site-packages
-        def __init__(self, *names):
-            self.files = [PurePosixPath("../../../lib", name) for name in names]
-
-        def locate_file(self, file):
-            return Path("/env/lib/python3.11/site-packages") / file
-    found = host.tbb_library(Wheel("libtbbmalloc.so.2", "libtbb.so.12", "libtbb.so"))
-    assert found == Path("/env/lib/python3.11/site-packages/../../../lib/libtbb.so.12")
-    assert host.tbb_library(Wheel("libtbb.so")) is None
-
-
 @needs_gomp
-def test_numba_workers_spin_briefly_on_openmp_and_the_environment_is_left_alone():
-    seen, gomp = probe(NUMBA_THREADING_LAYER="omp")
+def test_numba_workers_spin_briefly_and_the_environment_is_left_alone():
+    seen, gomp = probe()
     assert seen["import"] and seen["after"]
     assert seen["policy"] == ["omp", "spin then sleep: GOMP_SPINCOUNT=1000, KMP_BLOCKTIME=1"]
     assert gomp["GOMP_SPINCOUNT"] == host.OMP_SPIN["GOMP_SPINCOUNT"]  # libgomp's default is 300000
@@ -72,7 +51,7 @@ def test_numba_workers_spin_briefly_on_openmp_and_the_environment_is_left_alone(
 
 @needs_gomp
 def test_a_wait_policy_the_user_set_stands():
-    seen, gomp = probe(OMP_WAIT_POLICY="active", NUMBA_THREADING_LAYER="omp")
+    seen, gomp = probe(OMP_WAIT_POLICY="active")
     assert seen["policy"] == ["omp", "as set: OMP_WAIT_POLICY=active"]
     assert int(gomp["GOMP_SPINCOUNT"]) > int(host.OMP_SPIN["GOMP_SPINCOUNT"])
 
