@@ -1,10 +1,10 @@
-"""numba's threads share the machine: their pool is started with workers that spin only briefly when idle,
-and importing nanoasr sets nothing in the environment."""
+"""numba's threads share the machine: their pool runs on OpenMP with workers that spin only briefly when
+idle, or on TBB where the `tbb` extra is installed; importing nanoasr sets nothing in the environment."""
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -39,6 +39,28 @@ def probe(**settings) -> tuple[dict, dict]:
 
 needs_gomp = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="numba's OpenMP layer loads libgomp on Linux only")
+
+
+def test_the_tbb_runtime_is_found_among_the_wheels_files():
+    class Wheel:  # as importlib.metadata gives an installed distribution: files relative to site-packages
+        def __init__(self, *names):
+            self.files = [PurePosixPath("../../../lib", name) for name in names]
+
+        def locate_file(self, file):
+            return Path("/env/lib/python3.11/site-packages") / file
+    found = host.tbb_library(Wheel("libtbbmalloc.so.2", "libtbb.so.12", "libtbb.so"))
+    assert found == Path("/env/lib/python3.11/site-packages/../../../lib/libtbb.so.12")
+    assert host.tbb_library(Wheel("libtbb.so")) is None
+
+
+def test_a_broken_tbb_install_leaves_numba_on_openmp(monkeypatch):
+    class Broken:  # the wheel's files listed, the library itself gone
+        files = [PurePosixPath("lib/libtbb.so.12")]
+
+        def locate_file(self, file):
+            return Path("/nonexistent") / file
+    monkeypatch.setattr("importlib.metadata.distribution", lambda name: Broken())
+    host._load_tbb()  # no error: numba then starts the layer it can load
 
 
 @needs_gomp

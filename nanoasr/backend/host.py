@@ -4,7 +4,10 @@ weight matrices in huge pages (in_huge_pages).
 Threads: nothing is set process-wide; a block runs inside threads(n) and the pools are as they were after it.
 numba's pool is started by start_numba_threads, its idle workers spinning only briefly before they sleep
 (numba's default OpenMP layer loads libgomp, whose idle workers spin for milliseconds: on a machine shared
-with other work, or with a second transcription, they took the cores the working threads needed).
+with other work, or with a second transcription, they took the cores the working threads needed). Where
+the `tbb` package is installed (the `tbb` extra), numba runs its TBB layer instead, which shares a busy
+machine better still: two transcriptions at once took 1.5x one alone's time against OpenMP's 2.0x
+(docs/reports/contention.md).
 
 Pages: the copy is one anonymous buffer that asks the OS for 2 MiB pages. Every decode step streams all of the
 decoder's matrices. Read through the checkpoint's file mapping where the page cache holds the file in 4 KiB
@@ -20,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import sys
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from functools import cache
@@ -170,16 +174,20 @@ class ThreadPolicy(NamedTuple):
 @cache
 def start_numba_threads() -> ThreadPolicy:
     """Start numba's thread pool, once, with idle workers that do not outlive the work: numba's choice of
-    layer (NUMBA_THREADING_LAYER where set; else TBB where installed, whose workers sleep soon, else OpenMP),
+    layer (NUMBA_THREADING_LAYER where set; else TBB where installed, its runtime loaded from the `tbb`
+    wheel by _load_tbb, else OpenMP),
     and for OpenMP the bounded spin OMP_SPIN where neither it nor OMP_WAIT_POLICY is set. The runtime reads
     these as it loads, so they are in the environment only while numba loads it; an OpenMP runtime that
     another library loaded first keeps its own."""
     import numba
     from numba.np.ufunc import parallel
 
+    if not parallel._is_initialized and numba.config.THREADING_LAYER not in ("omp", "workqueue"):
+        _load_tbb()
     if parallel._is_initialized or any(name in os.environ for name in WAIT_SETTINGS):
         numba.get_num_threads()
-        return ThreadPolicy(numba.threading_layer(), _wait_described())
+        layer = numba.threading_layer()
+        return ThreadPolicy(layer, _wait_described() if layer == "omp" else _own_wait(layer))
     loaded_before = _libgomp_loaded()
     os.environ.update(OMP_SPIN)
     try:
@@ -189,15 +197,44 @@ def start_numba_threads() -> ThreadPolicy:
             del os.environ[name]
     layer = numba.threading_layer()
     if layer != "omp":
-        return ThreadPolicy(layer, "its own (sleeps when idle)" if layer == "workqueue" else "its own")
+        return ThreadPolicy(layer, _own_wait(layer))
     if loaded_before:
         return ThreadPolicy(layer, "the OpenMP runtime's own (loaded before nanoasr)")
     return ThreadPolicy(layer, "spin then sleep: " + ", ".join(f"{k}={v}" for k, v in OMP_SPIN.items()))
 
 
+def _own_wait(layer: str) -> str:  # how the workers of a layer that reads no OpenMP setting wait
+    return "its own (sleeps when idle)" if layer == "workqueue" else "its own"
+
+
 def _wait_described() -> str:
     chosen = [f"{name}={os.environ[name]}" for name in WAIT_SETTINGS if name in os.environ]
     return "as set: " + ", ".join(chosen) if chosen else "as numba's pool was started"
+
+
+def _load_tbb() -> None:
+    """Load the TBB runtime of the `tbb` wheel, where it is installed, so that numba's TBB layer finds it:
+    pip puts libtbb.so.12 in the environment's lib/, where the loader does not look, and numba would fall
+    back to OpenMP without a word."""
+    from importlib import metadata
+
+    try:
+        library = tbb_library(metadata.distribution("tbb"))
+    except metadata.PackageNotFoundError:
+        return
+    if library is not None and sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+        except OSError:  # a broken install: numba runs its OpenMP layer, as without the package
+            return
+
+
+def tbb_library(distribution) -> os.PathLike | None:
+    """The path of libtbb.so.12 among an installed distribution's files, or None."""
+    for file in distribution.files or ():
+        if file.name == "libtbb.so.12":
+            return distribution.locate_file(file)
+    return None
 
 
 def _libgomp_loaded() -> bool:
