@@ -34,7 +34,7 @@ from numba.core.caching import (CompileResultCacheImpl, FunctionCache, _CacheLoc
 
 KERNELS = Path(__file__).resolve().parent
 COMPILING = "compiling kernels for this CPU (first run only, about %d s; cached in %s)"
-COMPILE_S = 30  # a first run's extra s on 2 cores: 12-13 on Zen 4 (docs/reports/first_run.md), 23-26 on AVX2
+COMPILE_S = 30  # a first run's extra s on 2 cores: 11-13 on Zen 4 (docs/reports/first_run.md), 23-26 on AVX2
 log = logging.getLogger(__name__)
 _compiled = False  # whether this process has compiled a cached kernel (and said so)
 
