@@ -287,20 +287,6 @@ def test_decoded_together_each_gets_its_transcript_alone(models, path):
     assert [t.text for t in together] == [t.text for t in alone]
 
 
-def test_prompts_prefilled_together_agree_with_each_alone(models):
-    """prefill_many against each prompt's own prefill. Why transcribe_together still prefills each prompt in
-    its own forward: in one prefill of several prompts (padded to the longest) the BLAS may sum a prompt's
-    products in another order than in its own (OpenBLAS's Haswell kernels do, its SkylakeX ones did not
-    here), and its first token's logits then differ in their last bits (a near tie could go the other way)."""
-    model = models["bf16", "exact"]
-    prompts = [stage_outputs(model, speech_like(seconds, seed), "funasr", {})["embeds"]
-               for seconds, seed in ((2.0, 5), (1.2, 6))]
-    alone = np.concatenate([decoder.Session(model.weights, model.config.text, rows=1).prefill(e, 4)
-                            for e in prompts])
-    together = decoder.Session(model.weights, model.config.text, rows=2).prefill_many(prompts, [4, 4])
-    np.testing.assert_allclose(together, alone, rtol=1e-4, atol=1e-4)
-
-
 def test_decoding_together_takes_one_step_for_all_rows(models, monkeypatch):
     """N requests decoded together: each decode step is one forward (one pass over the weights) for all
     their rows, where decoding them one after another takes N."""

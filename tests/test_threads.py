@@ -53,7 +53,7 @@ def test_the_tbb_runtime_is_found_among_the_wheels_files():
     assert host.tbb_library(Wheel("libtbb.so")) is None
 
 
-def test_a_broken_tbb_install_leaves_numba_on_openmp(monkeypatch):
+def test_a_broken_tbb_install_is_passed_over(monkeypatch):
     class Broken:  # the wheel's files listed, the library itself gone
         files = [PurePosixPath("lib/libtbb.so.12")]
 

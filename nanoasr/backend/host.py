@@ -218,11 +218,13 @@ def _load_tbb() -> None:
     back to OpenMP without a word."""
     from importlib import metadata
 
+    if not sys.platform.startswith("linux"):
+        return
     try:
         library = tbb_library(metadata.distribution("tbb"))
     except metadata.PackageNotFoundError:
         return
-    if library is not None and sys.platform.startswith("linux"):
+    if library is not None:
         try:
             ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
         except OSError:  # a broken install: numba runs its OpenMP layer, as without the package
