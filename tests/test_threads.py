@@ -1,7 +1,9 @@
-"""numba's threads share the machine: their pool runs on OpenMP with workers that spin only briefly when
-idle, or on TBB where the `tbb` extra is installed; importing nanoasr sets nothing in the environment."""
+"""numba's threads share the machine: their pool runs on TBB where the dependency is installed (x86-64
+Linux), else on OpenMP with workers that spin only briefly when idle; importing nanoasr sets nothing in the
+environment."""
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
@@ -41,6 +43,14 @@ needs_gomp = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="numba's OpenMP layer loads libgomp on Linux only")
 
 
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.machine() == "x86_64"),
+                    reason="the tbb dependency is installed on x86-64 Linux only")
+def test_numba_runs_on_tbb_from_the_wheel_and_the_environment_is_left_alone():
+    seen, _ = probe()
+    assert seen["import"] and seen["after"]
+    assert seen["policy"] == ["tbb", "its own"]
+
+
 def test_the_tbb_runtime_is_found_among_the_wheels_files():
     class Wheel:  # as importlib.metadata gives an installed distribution: files relative to site-packages
         def __init__(self, *names):
@@ -64,8 +74,8 @@ def test_a_broken_tbb_install_is_passed_over(monkeypatch):
 
 
 @needs_gomp
-def test_numba_workers_spin_briefly_and_the_environment_is_left_alone():
-    seen, gomp = probe()
+def test_numba_workers_spin_briefly_on_openmp_and_the_environment_is_left_alone():
+    seen, gomp = probe(NUMBA_THREADING_LAYER="omp")
     assert seen["import"] and seen["after"]
     assert seen["policy"] == ["omp", "spin then sleep: GOMP_SPINCOUNT=1000, KMP_BLOCKTIME=1"]
     assert gomp["GOMP_SPINCOUNT"] == host.OMP_SPIN["GOMP_SPINCOUNT"]  # libgomp's default is 300000
@@ -73,7 +83,7 @@ def test_numba_workers_spin_briefly_and_the_environment_is_left_alone():
 
 @needs_gomp
 def test_a_wait_policy_the_user_set_stands():
-    seen, gomp = probe(OMP_WAIT_POLICY="active")
+    seen, gomp = probe(OMP_WAIT_POLICY="active", NUMBA_THREADING_LAYER="omp")
     assert seen["policy"] == ["omp", "as set: OMP_WAIT_POLICY=active"]
     assert int(gomp["GOMP_SPINCOUNT"]) > int(host.OMP_SPIN["GOMP_SPINCOUNT"])
 

@@ -5,8 +5,8 @@ Threads: nothing is set process-wide; a block runs inside threads(n) and the poo
 numba's pool is started by start_numba_threads, its idle workers spinning only briefly before they sleep
 (numba's default OpenMP layer loads libgomp, whose idle workers spin for milliseconds: on a machine shared
 with other work, or with a second transcription, they took the cores the working threads needed). Where
-the `tbb` package is installed (the `tbb` extra), numba runs its TBB layer instead, which shares a busy
-machine better still: two transcriptions at once took 1.5x one alone's time against OpenMP's 2.0x
+the `tbb` package is installed (a dependency on x86-64 Linux), numba runs its TBB layer instead, which shares
+a busy machine better still: two transcriptions at once took 1.5x one alone's time against OpenMP's 2.0x
 (docs/reports/contention.md).
 
 Pages: the copy is one anonymous buffer that asks the OS for 2 MiB pages. Every decode step streams all of the

@@ -21,13 +21,14 @@ that draft verification is measured against. With --model each round also report
 were batched (nanoasr.batching: decodes per batch, partials dropped); --no-batch serves a model that
 decodes each of them alone, the baseline that batching is measured against.
 
---finals N times, instead, the final decode of N utterances (2-6 s) alone, in this process: Model.transcribe
-without a draft, and with its own token ids as the draft, which is what a final gets from a last partial that
-read the same words (the transcript of a trained model holds still as the audio grows; a random checkpoint's
-does not, so over the server its drafts are rejected early and the rounds above show no gain from them).
-A random checkpoint also decodes until its token budget or repetition guard; --tokens-per-second R caps each
-decode (the finals of --finals, and the served sessions' partials and finals) at R tokens per second of its
-audio (max_new_tokens), a stand-in for the length of a trained model's transcript.
+--finals N times, instead, the final decode of N utterances (2-6 s) alone, in this process after a warm-up (as
+the server has): Model.transcribe without a draft, and with its own token ids as the draft, which is what a
+final gets from a last partial that read the same words (the transcript of a trained model holds still as the
+audio grows; a random checkpoint's does not, so over the server its drafts are rejected early and the rounds
+above show no gain from them). A random checkpoint also decodes until its token budget or repetition guard;
+--tokens-per-second R caps each decode (the finals of --finals, and the served sessions' partials and finals)
+at R tokens per second of its audio (max_new_tokens), a stand-in for the length of a trained model's
+transcript.
 """
 from __future__ import annotations
 
@@ -286,6 +287,7 @@ def final_times(model_path: str, utterances: int, threads: int | None,
     from nanoasr.api import Model
 
     model = Model.load(model_path, threads=threads)
+    model.warm_up()  # as `nanoasr serve` does: no compiling in a timed final
     rng = np.random.default_rng(0)
     plain_s, drafted_s, tokens = [], [], []
     for _ in range(utterances):
