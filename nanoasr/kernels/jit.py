@@ -34,7 +34,9 @@ from numba.core.caching import (CompileResultCacheImpl, FunctionCache, _CacheLoc
 
 KERNELS = Path(__file__).resolve().parent
 COMPILING = "compiling kernels for this CPU (first run only, about %d s; cached in %s)"
-COMPILE_S = 30  # a first run's extra s on 2 cores: 11-13 on Zen 4 (docs/reports/first_run.md), 23-26 on AVX2
+# a first run's extra s on 2 cores: 10-13 on a Zen 4 (docs/reports/first_run.md); in one process that compiles
+# everything, 19 there and 35 on an AVX2 Zen 3 (docs/speed.md, docs/reports/speed-zen3.md)
+COMPILE_S = 30
 log = logging.getLogger(__name__)
 _compiled = False  # whether this process has compiled a cached kernel (and said so)
 

@@ -6,10 +6,10 @@
 For each model, in a fresh empty NUMBA_CACHE_DIR: `python -m nanoasr CLIP --model CKPT` twice (cold, then
 warm), each one's wall time and whether it printed the compile notice; the kernels a cold transcription
 compiles (in a child process on another fresh cache: each numba function of nanoasr and its signatures, the
-specializations, numba's seconds compiling them and the five slowest by name); with --server, `nanoasr
-serve` on a fresh cache: seconds until it listens, then the first and the second request's. `--tree` runs
-the nanoasr of another checkout (its root first on the path), so that one command measures before and after
-a change. Prints one JSON object per model.
+specializations, numba's seconds compiling them, and the five slowest by name, each with the functions it
+compiled on its way and without them: its own); with --server, `nanoasr serve` on a fresh cache: seconds until
+it listens, then the first and the second request's. `--tree` runs the nanoasr of another checkout (its root
+first on the path), so that one command measures before and after a change. Prints one JSON object per model.
 """
 from __future__ import annotations
 
@@ -38,17 +38,21 @@ with event.install_listener("numba:compile", compiles):
 kernels = {f"{d.py_func.__module__}.{d.py_func.__qualname__}": [str(s) for s in d.signatures]
            for d in gc.get_objects() if issubclass(type(d), Dispatcher)
            and d.py_func.__module__.startswith("nanoasr.") and d.signatures}
-seconds, started = {}, []
+seconds, own, started = {}, {}, []  # started: [start, seconds of the compiles nested in it]
 for at, happened in compiles.buffer:  # a compile's time includes the functions it compiles on its way
     if happened.is_start:
-        started.append(at)
+        started.append([at, 0.0])
         continue
-    took = at - started.pop()
-    if not started:
-        f = happened.data["dispatcher"].py_func
-        name = f"{f.__module__}.{f.__qualname__}"
+    start, nested = started.pop()
+    took = at - start
+    f = happened.data["dispatcher"].py_func
+    name = f"{f.__module__}.{f.__qualname__}"
+    own[name] = own.get(name, 0.0) + took - nested
+    if started:
+        started[-1][1] += took
+    else:
         seconds[name] = seconds.get(name, 0.0) + took
-print(json.dumps({"kernels": kernels, "seconds": seconds}))
+print(json.dumps({"kernels": kernels, "seconds": seconds, "own": own}))
 """
 
 
@@ -76,12 +80,14 @@ def specializations(tree: Path, model: str, audio: str, activations: str) -> dic
     with tempfile.TemporaryDirectory(prefix="nanoasr-numba-") as cache:
         done = run([sys.executable, "-c", COUNT, model, activations, audio], tree, cache)
     found = json.loads(done.stdout.splitlines()[-1])
-    kernels, seconds = found["kernels"], found["seconds"]
-    slowest = sorted(seconds.items(), key=lambda item: -item[1])[:5]
+    kernels, seconds, own = found["kernels"], found["seconds"], found["own"]
+
+    def slowest(times):
+        return {name: round(s, 2) for name, s in sorted(times.items(), key=lambda item: -item[1])[:5]}
     return {"functions": len(kernels), "signatures": sum(map(len, kernels.values())),
             "several": {name: signatures for name, signatures in kernels.items() if len(signatures) > 1},
-            "compile_s": round(sum(seconds.values()), 2),
-            "slowest_s": {name: round(s, 2) for name, s in slowest}}
+            "compile_s": round(sum(seconds.values()), 2), "slowest_s": slowest(seconds),
+            "slowest_own_s": slowest(own)}
 
 
 def server(tree: Path, model: str, audio: str, activations: str) -> dict:

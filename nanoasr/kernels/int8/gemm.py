@@ -363,32 +363,50 @@ def _rows_times_panel(typingctx, kind, path, packed, scales, mins, q, d, sums, x
     return types.none(kind, path, packed, scales, mins, q, d, sums, x0, k0, k1, partial, out, col0), codegen
 
 
-def _rows_quantizer(parallel: bool):
+@njit(cache=True)
+def _quantize_rows(x, nb, flat, d, sums, first, last):  # rows first <= r < last of quantized_rows' outputs
+    fours = np.empty(8, np.int32)
+    for r in range(first, last):
+        for k in range(nb):
+            d[r, k] = quantize_block(x, r, k, flat, r * 32 * nb + 32 * k, fours)
+            for h in range(2):
+                sums[r, 2 * k + h] = fours[4 * h:4 * h + 4].sum()
+
+
+@njit(cache=True)
+def _zeroed_outputs(n, nb):  # quantized_rows' outputs for n rows, zeros
+    padded = (n + X_ROWS - 1) // X_ROWS * X_ROWS
+    return (np.zeros((padded, 32 * nb), np.int8), np.zeros((padded, nb), np.float32),
+            np.zeros((padded, 2 * nb), np.int32))
+
+
+@njit(cache=True)
+def quantized_rows(x, nb):
     """x float32 [n, >= 32nb] -> q int8 [n', 32nb], d float32 [n', nb], sums int32 [n', 2nb] (each 16 values'
-    sum of q); n' = n rounded up to X_ROWS, zeros past n. Rows in parallel or not."""
-    def quantized_rows(x, nb):
-        n = x.shape[0]
-        padded = (n + X_ROWS - 1) // X_ROWS * X_ROWS
-        q = np.zeros((padded, 32 * nb), np.int8)
-        d = np.zeros((padded, nb), np.float32)
-        sums = np.zeros((padded, 2 * nb), np.int32)
-        flat = q.reshape(-1)
-        for r in prange(n):
-            fours = np.empty(8, np.int32)
-            for k in range(nb):
-                d[r, k] = quantize_block(x, r, k, flat, r * 32 * nb + 32 * k, fours)
-                for h in range(2):
-                    sums[r, 2 * k + h] = fours[4 * h:4 * h + 4].sum()
-        return q, d, sums
-    name = "quantized_rows_parallel" if parallel else "quantized_rows"
-    quantized_rows.__name__ = quantized_rows.__qualname__ = name
-    return njit(parallel=parallel, cache=True)(quantized_rows)
+    sum of q); n' = n rounded up to X_ROWS, zeros past n."""
+    q, d, sums = _zeroed_outputs(x.shape[0], nb)
+    _quantize_rows(x, nb, q.reshape(-1), d, sums, np.int64(0), x.shape[0])  # not a literal 0: one signature
+    return q, d, sums
+
+
+QUANTIZE_ROWS = 16  # rows of x a task of quantized_rows_parallel quantizes
+
+
+# Tasks of rows calling the serial loop, not a row per task: numba compiled a parallel loop whose body
+# allocated (fours) and summed slices in about 2 s on a Zen 4, this one in under 1 s
+# (tools/bench/first_run.py: slowest_own_s)
+@njit(parallel=True, cache=True)
+def quantized_rows_parallel(x, nb):  # quantized_rows, the rows shared among numba's threads
+    q, d, sums = _zeroed_outputs(x.shape[0], nb)
+    flat, n = q.reshape(-1), x.shape[0]
+    for i in prange((n + QUANTIZE_ROWS - 1) // QUANTIZE_ROWS):
+        _quantize_rows(x, nb, flat, d, sums, i * QUANTIZE_ROWS, min((i + 1) * QUANTIZE_ROWS, n))
+    return q, d, sums
 
 
 # below this many blocks (a short clip's rows) starting a parallel region costs more than the quantizing it
 # would split
 PARALLEL_BLOCKS = 4096
-quantized_rows, quantized_rows_parallel = _rows_quantizer(False), _rows_quantizer(True)
 
 
 @njit(cache=True)
