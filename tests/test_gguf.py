@@ -378,6 +378,10 @@ def gguf_string(text: bytes) -> bytes:
                                                       2 ** 40),
      "array of 1099511627776 STRING"),
     (header(n_kv=1) + gguf_string(b"k") + struct.pack("<II", 99, 0), "unknown value type 99"),
+    (header(n_kv=1) + gguf_string(b"k") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, 2)
+     + gguf_string(b"ab") + struct.pack("<Q", 2 ** 62) + b"\0" * 8, "2 strings run past the end"),
+    (header(n_kv=1) + gguf_string(b"k") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, 2)
+     + gguf_string(b"ab") + gguf_string(b"\xff"), "array k is not UTF-8"),
     (header(n_tensors=1) + gguf_string(b"t") + struct.pack("<I", 1000) + b"\0" * 64, "1000 dimensions"),
     (header(n_tensors=1) + gguf_string(b"t") + struct.pack("<IQQIQ", 2, 2 ** 40, 2 ** 40, 0, 0) + b"\0" * 64,
      "need 4835703278458516698824704 bytes"),
@@ -412,6 +416,7 @@ def test_header_reader_agrees_with_gguf_reader(written, tmp_path):
             for i, (kind, value) in enumerate(scalars):
                 getattr(w, f"add_{kind}")(f"k{i}", value)
             w.add_array("floats", [0.25, 1.5])
+            w.add_array("strings", ["", "é", "日本語", "a b", ""])  # the last one empty: at the run's end
             w.add_custom_alignment(64)
             w.add_tensor("a", np.arange(6, dtype=np.float32).reshape(2, 3))
             w.add_tensor("b", np.ones((4, 2), np.float16))

@@ -58,6 +58,8 @@ def _embedded_files(values: dict) -> dict[str, str]:
     """nanoasr's file keys, else any string value that is a config.json or tokenizer.json (other layouts)."""
     files = {name: values[key] for name, key in FILE_KEYS.items() if isinstance(values.get(key), str)}
     for value in values.values():
+        if "config.json" in files and "tokenizer.json" in files:
+            break  # nanoasr's own keys: parsing the tokenizer's JSON again costs a third of a second
         if not isinstance(value, str) or not value.startswith("{"):
             continue
         try:

@@ -112,18 +112,26 @@ class _Cursor:
         return self._text(self.buf[self.offset - n:self.offset], what)
 
     def strings(self, count: int, what: str) -> list[str]:
-        buf, offset, size, out = self.buf, self.offset, self.size, []
-        for _ in range(count):
-            if offset + 8 > size:
-                break
-            (n,) = _U64.unpack_from(buf, offset)
-            offset += 8 + n
-            out.append(buf[offset - n:offset])
-        if len(out) < count or offset > size:
+        # the lengths walked first, then the run of strings copied once and cut: a vocabulary's 450,000
+        # strings in a third of the time that cutting each from the file's memory map takes
+        buf, first, size, unpack = self.buf, self.offset, self.size, _U64.unpack_from
+        starts, offset = [], first
+        try:
+            for _ in range(count):  # not a list of `count` made first: the count may be a corrupt file's
+                starts.append(offset + 8)
+                offset += 8 + unpack(buf, offset)[0]
+        except struct.error:  # a length field past the end of the file
+            offset = size + 1
+        if offset > size:
             raise ModelError(f"{self.where}: {what}: {count} strings run past the end of the "
                              f"{size}-byte file (truncated or corrupt)")
         self.offset = offset
-        return [self._text(b, what) for b in out]
+        run = bytes(buf[first:offset])
+        ends = starts[1:] + [offset + 8]
+        try:
+            return [run[start - first:end - 8 - first].decode() for start, end in zip(starts, ends)]
+        except UnicodeDecodeError as exc:
+            raise ModelError(f"{self.where}: {what} is not UTF-8 ({exc})") from None
 
     def _text(self, raw, what: str) -> str:
         try:

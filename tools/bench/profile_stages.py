@@ -1,7 +1,7 @@
 """Where the time goes: cProfile of encoder + adaptor on 30 s, a 196-position prefill, and decode steps.
 
     python tools/bench/profile_stages.py MODEL [--threads 2] [--steps 20] [--top 12]
-                                               [--activations exact|bf16|int8] [--huge-pages]
+                                               [--activations auto|exact|bf16|int8] [--huge-pages]
 
 MODEL is a checkpoint directory or .gguf. First the milliseconds per stage that Model.transcribe reports in
 Transcript.timings, for 30 s of speech-like audio. Then each stage runs once to compile and warm up, then once
@@ -71,7 +71,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--activations", choices=ACTIVATIONS, default="exact")
+    parser.add_argument("--activations", choices=ACTIVATIONS, default="auto")
     parser.add_argument("--huge-pages", action="store_true", help="copy the weights into 2 MiB pages")
     args = parser.parse_args()
     model = Model.load(args.model, threads=args.threads, activations=args.activations,
