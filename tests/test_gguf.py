@@ -380,6 +380,8 @@ def gguf_string(text: bytes) -> bytes:
     (header(n_kv=1) + gguf_string(b"k") + struct.pack("<II", 99, 0), "unknown value type 99"),
     (header(n_kv=1) + gguf_string(b"k") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, 2)
      + gguf_string(b"ab") + struct.pack("<Q", 2 ** 62) + b"\0" * 8, "2 strings run past the end"),
+    (header(n_kv=1) + gguf_string(b"k") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, 3)
+     + struct.pack("<Q", 2 ** 64 - 1) + b"\0" * 16, "3 strings run past the end"),
     (header(n_kv=1) + gguf_string(b"k") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, 2)
      + gguf_string(b"ab") + gguf_string(b"\xff"), "array k is not UTF-8"),
     (header(n_tensors=1) + gguf_string(b"t") + struct.pack("<I", 1000) + b"\0" * 64, "1000 dimensions"),

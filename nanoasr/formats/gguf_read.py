@@ -120,7 +120,7 @@ class _Cursor:
             for _ in range(count):  # not a list of `count` made first: the count may be a corrupt file's
                 starts.append(offset + 8)
                 offset += 8 + unpack(buf, offset)[0]
-        except struct.error:  # a length field past the end of the file
+        except (struct.error, OverflowError):  # a length field past the end of the file, or past 2^63
             offset = size + 1
         if offset > size:
             raise ModelError(f"{self.where}: {what}: {count} strings run past the end of the "
