@@ -112,8 +112,9 @@ class _Cursor:
         return self._text(self.buf[self.offset - n:self.offset], what)
 
     def strings(self, count: int, what: str) -> list[str]:
-        # the lengths walked first, then the run of strings copied once and cut: a vocabulary's 450,000
-        # strings in a third of the time that cutting each from the file's memory map takes
+        # the lengths walked first, then the run of strings copied once and cut: no memoryview per string,
+        # whose 450,000 for a vocabulary kept the garbage collector busy (read_header of a Q8_0 GGUF in a
+        # fresh process: 0.41-0.43 s with them, 0.22 s without)
         buf, first, size, unpack = self.buf, self.offset, self.size, _U64.unpack_from
         starts, offset = [], first
         try:
@@ -126,12 +127,11 @@ class _Cursor:
             raise ModelError(f"{self.where}: {what}: {count} strings run past the end of the "
                              f"{size}-byte file (truncated or corrupt)")
         self.offset = offset
-        run = bytes(buf[first:offset])
-        ends = starts[1:] + [offset + 8]
+        run, ends = bytes(buf[first:offset]), starts[1:] + [offset + 8]
         try:
-            return [run[start - first:end - 8 - first].decode() for start, end in zip(starts, ends)]
-        except UnicodeDecodeError as exc:
-            raise ModelError(f"{self.where}: {what} is not UTF-8 ({exc})") from None
+            return [run[a - first:b - 8 - first].decode() for a, b in zip(starts, ends)]
+        except UnicodeDecodeError:  # _text says which array
+            return [self._text(run[a - first:b - 8 - first], what) for a, b in zip(starts, ends)]
 
     def _text(self, raw, what: str) -> str:
         try:
